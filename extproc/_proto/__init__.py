@@ -1,0 +1,1 @@
+"""Code generated from ``protos/`` at install time (see setup.py); not checked in."""

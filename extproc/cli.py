@@ -1,0 +1,127 @@
+"""The ``saar`` command. A leaf: the library never imports it."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from .app import serve_forever
+    from .config import load_config
+
+    config = load_config(args.config)
+    server = config.server
+    if args.grpc_port is not None:
+        server = replace(server, grpc_port=args.grpc_port)
+    if args.http_port is not None:
+        server = replace(server, http_port=args.http_port)
+    asyncio.run(serve_forever(replace(config, server=server)))
+    return 0
+
+
+def _sim_server(args: argparse.Namespace) -> int:
+    from .sim.server import run
+
+    run(args)
+    return 0
+
+
+def _envoy_config(args: argparse.Namespace) -> int:
+    from .config import load_config
+    from .envoy_config import EnvoyPorts, render
+
+    config = load_config(args.config)
+    ports = EnvoyPorts(
+        listen=args.listen_port,
+        admin=args.admin_port,
+        processor_host=args.processor_host,
+        processor_port=config.server.grpc_port,
+        listen_host=args.listen_host,
+    )
+    sys.stdout.write(render(config, ports))
+    return 0
+
+
+def _replay_show(args: argparse.Namespace) -> int:
+    if args.file:
+        from .replay import read_jsonl
+
+        record = read_jsonl(args.file, args.replay_id)
+        if record is None:
+            print(f"replay id {args.replay_id} not found in {args.file}", file=sys.stderr)
+            return 1
+    else:
+        url = f"{args.url.rstrip('/')}/v1/replay/{args.replay_id}"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                record = json.load(response)
+        except urllib.error.HTTPError as exc:
+            print(f"{url}: HTTP {exc.code}", file=sys.stderr)
+            return 1
+    print(json.dumps(record, indent=2))
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo(args.config)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="saar", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the ext_proc server")
+    serve.add_argument("--config", required=True)
+    serve.add_argument("--grpc-port", type=int)
+    serve.add_argument("--http-port", type=int)
+    serve.set_defaults(func=_serve)
+
+    from .sim.server import add_arguments
+
+    sim = sub.add_parser("sim-server", help="run a simulated vLLM-like model server")
+    add_arguments(sim)
+    sim.set_defaults(func=_sim_server)
+
+    envoy = sub.add_parser("envoy-config", help="print the Envoy bootstrap for a config")
+    envoy.add_argument("--config", required=True)
+    envoy.add_argument("--listen-port", type=int, default=10000)
+    envoy.add_argument("--listen-host", default="0.0.0.0")
+    envoy.add_argument("--admin-port", type=int, default=9901)
+    envoy.add_argument("--processor-host", default="127.0.0.1")
+    envoy.set_defaults(func=_envoy_config)
+
+    replay = sub.add_parser("replay", help="look up replay records")
+    replay_sub = replay.add_subparsers(dest="replay_command", required=True)
+    show = replay_sub.add_parser("show", help="print one record")
+    show.add_argument("replay_id")
+    show.add_argument("--url", default="http://127.0.0.1:9090", help="the processor's HTTP port")
+    show.add_argument("--file", help="read a JSONL sink file instead of asking the processor")
+    show.set_defaults(func=_replay_show)
+
+    demo = sub.add_parser("demo", help="start Envoy, the processor and sims; run an agent session")
+    demo.add_argument("--config", default=None)
+    demo.set_defaults(func=_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    for noisy in ("httpx", "httpx2", "openai", "anthropic"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    return int(args.func(args))

@@ -1,0 +1,85 @@
+"""Errors the router answers itself, each with one HTTP status and a body in the client's format.
+
+    RoutingError                 (base; never raised directly)
+    ├── MalformedRequest   400   body is not JSON, or not the shape of its API
+    ├── MissingModel       400   no "model" field
+    ├── BodyTooLarge       413   body over ``limits.max_body_bytes``
+    ├── UnknownModel       404   model is neither a logical nor a physical model
+    ├── RateLimited        429   load shedding / admission (carries Retry-After)
+    └── ModelUnavailable   503   the model a session is locked to has no backend (Retry-After)
+"""
+
+from __future__ import annotations
+
+import orjson
+
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+_OPENAI_TYPES = {
+    400: "invalid_request_error",
+    404: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_exceeded",
+    503: "service_unavailable",
+}
+
+
+class RoutingError(Exception):
+    status = 500
+    code = "internal_error"
+
+    def __init__(self, message: str, *, retry_after: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after = retry_after
+
+    def body(self, style: str) -> bytes:
+        """The error as the client's SDK expects to read it (``openai`` or ``anthropic``)."""
+        if style == "anthropic":
+            kind = _ANTHROPIC_TYPES.get(self.status, "api_error")
+            return orjson.dumps({"type": "error", "error": {"type": kind, "message": self.message}})
+        kind = _OPENAI_TYPES.get(self.status, "server_error")
+        return orjson.dumps(
+            {"error": {"message": self.message, "type": kind, "param": None, "code": self.code}}
+        )
+
+    def headers(self) -> dict[str, str]:
+        out = {"content-type": "application/json"}
+        if self.retry_after is not None:
+            out["retry-after"] = str(self.retry_after)
+        return out
+
+
+class MalformedRequest(RoutingError):
+    status = 400
+    code = "malformed_request"
+
+
+class MissingModel(RoutingError):
+    status = 400
+    code = "missing_model"
+
+
+class BodyTooLarge(RoutingError):
+    status = 413
+    code = "body_too_large"
+
+
+class UnknownModel(RoutingError):
+    status = 404
+    code = "model_not_found"
+
+
+class RateLimited(RoutingError):
+    status = 429
+    code = "rate_limited"
+
+
+class ModelUnavailable(RoutingError):
+    status = 503
+    code = "model_unavailable"

@@ -1,0 +1,46 @@
+"""Prometheus metrics of the router, in a registry of their own (several routers can share a
+process in tests and in the evaluation matrix)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "saar_requests", "Requests seen by the processor", ["api", "route"], registry=r
+        )
+        self.errors = Counter(
+            "saar_errors", "Requests answered with an error by the processor", ["code"], registry=r
+        )
+        self.decisions = Counter(
+            "saar_decisions", "Routing decisions", ["action", "reason"], registry=r
+        )
+        self.locks = Counter("saar_locks", "Hard locks applied", ["kind"], registry=r)
+        self.resets = Counter("saar_resets", "Reset boundaries crossed", ["kind"], registry=r)
+        self.switches = Counter(
+            "saar_switches", "Model switches committed", ["from_model", "to_model"], registry=r
+        )
+        self.stripped_headers = Counter(
+            "saar_stripped_headers",
+            "Client-supplied routing headers removed before routing",
+            ["header"],
+            registry=r,
+        )
+        self.responses = Counter(
+            "saar_responses", "Upstream responses observed", ["model", "status_class"], registry=r
+        )
+        self.decision_seconds = Histogram(
+            "saar_decision_seconds",
+            "Time to parse a request and decide its route",
+            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1),
+            registry=r,
+        )
+        self.live_sessions = Gauge("saar_live_sessions", "Sessions in router memory", registry=r)
+        self.stream_failures = Counter(
+            "saar_stream_failures", "ext_proc streams that ended with an internal error",
+            registry=r,
+        )

@@ -1,0 +1,282 @@
+"""The routing core: request in, route out; response facts in, memory updated. No I/O.
+
+The gRPC servicer calls ``route`` once per LLM request (after the body is buffered) and
+``response_started`` / ``response_finished`` as the answer passes back. Everything here is
+synchronous and reads time from the injected clock, so the evaluation matrix and the tests drive
+the very same object without Envoy or gRPC.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from cachetools import TTLCache
+
+from .config import Config
+from .errors import RoutingError
+from .health import ModelHealth
+from .identity import IdentityReader
+from .memory import RouterMemory, Turn
+from .metrics import Metrics
+from .replay import JsonlSink, ReplayStore
+from .request import parse_request
+from .saar import RoutingDecision, SaarEngine
+from .types import API_PATHS, Action, Api, Clock, RequestSummary, ResponseSummary, SessionIdentity
+
+DESTINATION_HEADER = "x-gateway-destination-endpoint"
+DIAGNOSTIC_PREFIX = "x-saar-"
+PENDING_TTL_SECONDS = 900.0
+
+
+def api_for(method: str, path: str) -> Api | None:
+    """The LLM API of a request, or None for traffic that passes through untouched."""
+    if method != "POST":
+        return None
+    return API_PATHS.get(path.split("?", 1)[0].rstrip("/"))
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    replay_id: str
+    model: str
+    cluster: str
+    body: bytes | None
+    """The rewritten body, or None when the client already named the physical model."""
+    diagnostics: dict[str, str]
+    """Response headers for the client (Envoy adds them from dynamic metadata)."""
+
+
+@dataclass(slots=True)
+class _Pending:
+    turn: Turn
+    api: Api
+    started: float
+    final: bool = False
+    committed: bool = False
+
+
+class Router:
+    def __init__(self, config: Config, *, clock: Clock = time.time, metrics: Metrics | None = None):
+        self.config = config
+        self.clock = clock
+        self.metrics = metrics or Metrics()
+        self.identity = IdentityReader(
+            config.identity.tenant_header,
+            config.identity.extra_session_headers,
+            config.identity.max_value_bytes,
+        )
+        self.memory = RouterMemory(
+            clock=clock,
+            max_sessions=config.memory.max_sessions,
+            session_ttl=config.memory.session_ttl_seconds,
+            max_owned_ids=config.memory.max_owned_ids,
+        )
+        self.health = ModelHealth(
+            clock=clock,
+            failure_threshold=config.health.failure_threshold,
+            cooldown=config.health.cooldown_seconds,
+        )
+        self.engine = SaarEngine(config, self.memory, self.health, clock=clock)
+        sink = JsonlSink(config.replay.jsonl_path) if config.replay.jsonl_path else None
+        self.replay = ReplayStore(config.replay.capacity, sink)
+        self._pending: TTLCache[str, _Pending] = TTLCache(
+            maxsize=config.memory.max_sessions, ttl=PENDING_TTL_SECONDS, timer=clock
+        )
+        self._protected = frozenset({DESTINATION_HEADER, config.routing.cluster_header.lower()})
+
+    def spoofed(self, headers: Mapping[str, str]) -> list[str]:
+        """Client headers that Envoy or we would trust for routing: always removed."""
+        names = [h for h in headers if h in self._protected or h.startswith(DIAGNOSTIC_PREFIX)]
+        for name in names:
+            self.metrics.stripped_headers.labels(name).inc()
+        return names
+
+    def route(self, api: Api, headers: Mapping[str, str], raw: bytes) -> Routed:
+        """Decide where one LLM request goes. Raises ``RoutingError`` (already counted)."""
+        started = time.perf_counter()
+        try:
+            request = parse_request(api, raw, max_body_bytes=self.config.limits.max_body_bytes)
+            identity = self.identity.read(headers)
+            decision = self.engine.decide(request, identity, headers)
+        except RoutingError as exc:
+            self.metrics.errors.labels(exc.code).inc()
+            raise
+        replay_id = self.replay.new_id()
+        self._remember(replay_id, request, identity, decision)
+        body = None
+        if decision.model != request.model:
+            request.body["model"] = decision.model
+            body = orjson.dumps(request.body)
+        self._count(api, decision)
+        self.metrics.decision_seconds.observe(time.perf_counter() - started)
+        return Routed(
+            replay_id,
+            decision.model,
+            self.config.models[decision.model].cluster,
+            body,
+            diagnostics(replay_id, decision, request),
+        )
+
+    def response_started(self, replay_id: str, status: int) -> None:
+        """The upstream answered: a 2xx commits the turn to memory, a 5xx does not."""
+        pending = self._pending.get(replay_id)
+        if pending is None:
+            return
+        model = pending.turn.model
+        self.health.record(model, status)
+        self.metrics.responses.labels(model, f"{status // 100}xx").inc()
+        if 200 <= status < 300 and not pending.committed:
+            pending.committed = True
+            previous = self.memory.session(pending.turn.session_key)
+            before = previous.model if previous else None
+            self.memory.commit(pending.turn)
+            if before is not None and before != model:
+                self.metrics.switches.labels(before, model).inc()
+            self.metrics.live_sessions.set(len(self.memory))
+
+    def response_finished(self, replay_id: str, response: ResponseSummary) -> None:
+        pending = self._pending.pop(replay_id, None)
+        if pending is None:
+            return
+        if pending.committed:
+            self.memory.record_response(pending.turn, response)
+        if pending.final:
+            self.memory.forget(pending.turn.session_key)
+            self.metrics.live_sessions.set(len(self.memory))
+        usage = response.usage
+        self.replay.complete(
+            replay_id,
+            {
+                "status": response.status,
+                "model": response.model,
+                "latency_ms": round((self.clock() - pending.started) * 1000, 3),
+                "finish_reason": response.finish_reason,
+                "tool_names": response.tool_names,
+                "tool_calls": len(response.tool_call_ids),
+                "response_id": response.response_id,
+                "usage": None
+                if usage is None
+                else {
+                    "prompt_tokens": usage.prompt_tokens,
+                    "completion_tokens": usage.completion_tokens,
+                    "cached_tokens": usage.cached_tokens,
+                },
+            },
+        )
+
+    def api_of(self, replay_id: str) -> Api | None:
+        pending = self._pending.get(replay_id)
+        return pending.api if pending else None
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _remember(
+        self,
+        replay_id: str,
+        request: RequestSummary,
+        identity: SessionIdentity,
+        decision: RoutingDecision,
+    ) -> None:
+        now = self.clock()
+        turn = Turn(
+            identity.key,
+            decision.model,
+            decision.decision,
+            decision.phase,
+            decision.action is Action.SWITCH,
+            request.context_tokens,
+            replay_id,
+            now,
+        )
+        self._pending[replay_id] = _Pending(turn, request.api, now, identity.final)
+        self.replay.put(decision_record(replay_id, now, request, identity, decision))
+
+    def _count(self, api: Api, decision: RoutingDecision) -> None:
+        self.metrics.requests.labels(api.value, decision.decision).inc()
+        self.metrics.decisions.labels(decision.action.value, decision.reason).inc()
+        if decision.lock:
+            self.metrics.locks.labels(decision.lock).inc()
+        if decision.reset:
+            self.metrics.resets.labels(decision.reset).inc()
+
+
+def diagnostics(
+    replay_id: str, decision: RoutingDecision, request: RequestSummary
+) -> dict[str, str]:
+    return {
+        "x-replay-id": replay_id,
+        "x-saar-selected-model": decision.model,
+        "x-saar-decision": decision.decision,
+        "x-saar-session-phase": decision.phase.value,
+        "x-saar-action": decision.action.value,
+        "x-saar-confidence": f"{decision.confidence:.3f}",
+        "x-saar-context-tokens": str(request.context_tokens),
+    }
+
+
+def decision_record(
+    replay_id: str,
+    now: float,
+    request: RequestSummary,
+    identity: SessionIdentity,
+    decision: RoutingDecision,
+) -> dict[str, Any]:
+    """The content-free replay record of one decision."""
+    base = decision.base
+    return {
+        "replay_id": replay_id,
+        "time": now,
+        "session": {
+            "id": identity.session_id,
+            "tenant": identity.tenant,
+            "source": identity.source,
+            "parent": identity.parent_session_id,
+            "final": identity.final,
+        },
+        "request": {
+            "api": request.api.value,
+            "model": request.model,
+            "stream": request.stream,
+            "messages": request.message_count,
+            "context_tokens": request.context_tokens,
+            "tools_offered": len(request.tools_offered),
+            "tool_results": len(request.tool_result_ids),
+            "previous_response_id": request.previous_response_id is not None,
+            "provider_state_items": len(request.provider_state),
+        },
+        "base": None
+        if base is None
+        else {
+            "decision": base.decision,
+            "model": base.model,
+            "difficulty": base.difficulty,
+            "confidence": round(base.confidence, 4),
+            "scores": {k: round(v, 4) for k, v in base.scores.items()},
+        },
+        "lock": decision.lock,
+        "reset": decision.reset,
+        "candidates": [
+            {
+                "model": t.model,
+                "base": round(t.base, 4),
+                "stay_bias": t.stay_bias,
+                "handoff": t.handoff,
+                "history": round(t.history, 4),
+                "cache_penalty": round(t.cache_penalty, 4),
+                "transition_usd": round(t.transition_usd, 6),
+                "adjusted": round(t.adjusted, 4),
+                "available": t.available,
+            }
+            for t in decision.candidates
+        ],
+        "previous_model": decision.previous_model,
+        "model": decision.model,
+        "action": decision.action.value,
+        "phase": decision.phase.value,
+        "reason": decision.reason,
+        "confidence": round(decision.confidence, 4),
+    }

@@ -1,0 +1,107 @@
+"""Base selection: the per-request choice that SAAR wraps.
+
+Signals from the request pick the highest-priority matching decision; its candidate models are
+then ranked by the ``hybrid`` method, which trades quality fit for the decision's difficulty
+against price. The selector is one object with one method so a classifier can replace it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from .config import Config, Decision, Model
+from .types import RequestSummary
+
+PRICE_WEIGHT = 0.35
+"""How much a candidate's relative price costs in score units (quality fit is in [0, 1])."""
+
+UNDERQUALIFIED_PENALTY = 2.0
+OVERQUALIFIED_PENALTY = 0.25
+
+
+@dataclass(frozen=True, slots=True)
+class BaseChoice:
+    decision: str
+    model: str
+    scores: dict[str, float]
+    difficulty: float
+    confidence: float
+
+
+class Selector(Protocol):
+    def select(self, request: RequestSummary, headers: Mapping[str, str]) -> BaseChoice:
+        """Rank the candidates of the decision this request matches; never consult the session."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class _CompiledDecision:
+    decision: Decision
+    keywords: tuple[str, ...]
+    patterns: tuple[re.Pattern[str], ...]
+
+
+class HybridSelector:
+    """Rule signals → decision → hybrid (quality fit vs price) candidate scores."""
+
+    def __init__(self, config: Config) -> None:
+        self._models = config.models
+        ordered = sorted(config.routing.decisions, key=lambda d: -d.priority)
+        self._decisions = tuple(
+            _CompiledDecision(
+                d,
+                tuple(k.lower() for k in d.rules.keywords),
+                tuple(re.compile(p, re.IGNORECASE) for p in d.rules.regex),
+            )
+            for d in ordered
+        )
+
+    def select(self, request: RequestSummary, headers: Mapping[str, str]) -> BaseChoice:
+        decision = self.match(request, headers)
+        names = [ref.model for ref in decision.modelRefs]
+        scores = hybrid_scores({n: self._models[n] for n in names}, decision.difficulty)
+        ranked = sorted(scores.values(), reverse=True)
+        margin = ranked[0] - ranked[1] if len(ranked) > 1 else 1.0
+        best = max(names, key=lambda n: scores[n])
+        confidence = min(1.0, 0.5 + margin)
+        return BaseChoice(decision.name, best, scores, decision.difficulty, confidence)
+
+    def match(self, request: RequestSummary, headers: Mapping[str, str]) -> Decision:
+        text = request.latest_user_text.lower()
+        for compiled in self._decisions:
+            if _matches(compiled, request, headers, text):
+                return compiled.decision
+        return self._decisions[-1].decision
+
+
+def _matches(
+    compiled: _CompiledDecision, request: RequestSummary, headers: Mapping[str, str], text: str
+) -> bool:
+    rules = compiled.decision.rules
+    if compiled.keywords and not any(k in text for k in compiled.keywords):
+        return False
+    if compiled.patterns and not any(p.search(request.latest_user_text) for p in compiled.patterns):
+        return False
+    if rules.min_context_tokens and request.context_tokens < rules.min_context_tokens:
+        return False
+    if rules.max_context_tokens and request.context_tokens > rules.max_context_tokens:
+        return False
+    if rules.tools is not None and bool(request.tools_offered) != rules.tools:
+        return False
+    if rules.apis and request.api.value not in rules.apis:
+        return False
+    return all(headers.get(k.lower()) == v for k, v in rules.headers.items())
+
+
+def hybrid_scores(models: Mapping[str, Model], difficulty: float) -> dict[str, float]:
+    """Quality fit for ``difficulty`` minus relative price; an underqualified model pays most."""
+    top_price = max(m.pricing.prompt for m in models.values()) or 1.0
+    scores = {}
+    for name, model in models.items():
+        gap = difficulty - model.quality
+        fit = 1.0 - (UNDERQUALIFIED_PENALTY * gap if gap > 0 else OVERQUALIFIED_PENALTY * -gap)
+        scores[name] = fit - PRICE_WEIGHT * model.pricing.prompt / top_price
+    return scores

@@ -1,0 +1,221 @@
+"""The Envoy ext_proc adapter: the only module that speaks Envoy's protobuf types.
+
+Two filters in Envoy talk to this one service (see ``envoy/envoy.yaml``):
+
+* ``saar`` (request path, blocking): request headers, then the buffered body. The body reply
+  sets the cluster header, rewrites the model, clears the route cache and emits dynamic metadata
+  that Envoy turns into the ``x-saar-*`` response headers — no response phase needed.
+* ``saar-observe`` (``observability_mode``, never waits): response headers and streamed body
+  chunks, carrying our metadata back, from which ownership and usage are learnt.
+
+``ExtProcStream`` is sans-IO: feed it ``ProcessingRequest`` messages, it returns the replies.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+from envoy.config.core.v3 import base_pb2 as core
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as pm
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+from envoy.type.v3 import http_status_pb2
+from google.protobuf import struct_pb2
+
+from .errors import MalformedRequest, RoutingError
+from .response import ResponseObserver
+from .router import Router, Routed, api_for
+from .types import Api
+
+log = logging.getLogger(__name__)
+
+METADATA_NAMESPACE = "saar"
+_OVERWRITE = core.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+_SKIP_BODY = pm.ProcessingMode(request_body_mode=pm.ProcessingMode.NONE)
+
+
+def _header(key: str, value: str) -> core.HeaderValueOption:
+    # Envoy reads ``raw_value``; a value in ``value`` arrives empty.
+    return core.HeaderValueOption(
+        header=core.HeaderValue(key=key, raw_value=value.encode()), append_action=_OVERWRITE
+    )
+
+
+def _headers_dict(message: ep.HttpHeaders) -> dict[str, str]:
+    return {
+        h.key: (h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value)
+        for h in message.headers.headers
+    }
+
+
+def _continue_headers(remove: list[str]) -> ep.CommonResponse:
+    common = ep.CommonResponse(status=ep.CommonResponse.CONTINUE)
+    if remove:
+        common.header_mutation.remove_headers.extend(remove)
+        common.clear_route_cache = True
+    return common
+
+
+def error_response(error: RoutingError, api: Api | None) -> ep.ProcessingResponse:
+    style = api.error_style if api else "openai"
+    return ep.ProcessingResponse(
+        immediate_response=ep.ImmediateResponse(
+            status=http_status_pb2.HttpStatus(code=error.status),
+            headers=ep.HeaderMutation(
+                set_headers=[_header(k, v) for k, v in error.headers().items()]
+            ),
+            body=error.body(style),
+            details=f"saar_{error.code}",
+        )
+    )
+
+
+def routed_response(routed: Routed, cluster_header: str) -> ep.ProcessingResponse:
+    common = ep.CommonResponse(status=ep.CommonResponse.CONTINUE, clear_route_cache=True)
+    headers = [_header(cluster_header, routed.cluster)]
+    if routed.body is not None:
+        common.body_mutation.body = routed.body
+        # Envoy answers 500 when content-length disagrees with a mutated body.
+        headers.append(_header("content-length", str(len(routed.body))))
+    common.header_mutation.set_headers.extend(headers)
+    metadata = struct_pb2.Struct()
+    metadata.update({METADATA_NAMESPACE: _metadata(routed)})
+    return ep.ProcessingResponse(
+        request_body=ep.BodyResponse(response=common), dynamic_metadata=metadata
+    )
+
+
+def _metadata(routed: Routed) -> dict[str, Any]:
+    """Diagnostics as metadata keys: ``x-saar-session-phase`` → ``session_phase``."""
+    out = {}
+    for name, value in routed.diagnostics.items():
+        key = name.removeprefix("x-saar-").removeprefix("x-").replace("-", "_")
+        out[key] = value
+    return out
+
+
+class ExtProcStream:
+    """One ext_proc stream (one HTTP request seen by one filter), driven message by message."""
+
+    def __init__(self, router: Router) -> None:
+        self._router = router
+        self._headers: dict[str, str] = {}
+        self._api: Api | None = None
+        self._observer: ResponseObserver | None = None
+        self._replay_id: str | None = None
+        self._finished = False
+
+    def handle(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse | None:
+        if request.observability_mode:
+            self._observe(request)
+            return None
+        kind = request.WhichOneof("request")
+        try:
+            if kind == "request_headers":
+                return self._on_request_headers(request.request_headers)
+            if kind == "request_body":
+                return self._on_request_body(request.request_body)
+        except RoutingError as exc:
+            return error_response(exc, self._api)
+        return _passthrough(kind)
+
+    def close(self) -> None:
+        """The stream ended; a response that never reached end_of_stream still closes its turn."""
+        if self._observer is not None and self._replay_id is not None and not self._finished:
+            self._finished = True
+            self._router.response_finished(self._replay_id, self._observer.summary)
+
+    # -- request path ----------------------------------------------------------------------
+
+    def _on_request_headers(self, message: ep.HttpHeaders) -> ep.ProcessingResponse:
+        self._headers = _headers_dict(message)
+        remove = self._router.spoofed(self._headers)
+        self._api = api_for(self._headers.get(":method", ""), self._headers.get(":path", ""))
+        if self._api is None:
+            reply = ep.ProcessingResponse(
+                request_headers=ep.HeadersResponse(response=_continue_headers(remove))
+            )
+            reply.mode_override.CopyFrom(_SKIP_BODY)
+            return reply
+        if message.end_of_stream:
+            raise MalformedRequest("request has no body; a JSON body with a model is required")
+        return ep.ProcessingResponse(
+            request_headers=ep.HeadersResponse(response=_continue_headers(remove))
+        )
+
+    def _on_request_body(self, message: ep.HttpBody) -> ep.ProcessingResponse:
+        if self._api is None:
+            return _passthrough("request_body")
+        routed = self._router.route(self._api, self._headers, message.body)
+        return routed_response(routed, self._router.config.routing.cluster_header)
+
+    # -- response path (observability mode: replies are ignored by Envoy) ------------------
+
+    def _observe(self, request: ep.ProcessingRequest) -> None:
+        kind = request.WhichOneof("request")
+        if kind == "response_headers":
+            fields = request.metadata_context.filter_metadata.get(METADATA_NAMESPACE)
+            replay_id = fields.fields["replay_id"].string_value if fields else ""
+            api = self._router.api_of(replay_id) if replay_id else None
+            if api is None:
+                return
+            headers = _headers_dict(request.response_headers)
+            status = int(headers.get(":status", "0") or 0)
+            self._replay_id = replay_id
+            self._router.response_started(replay_id, status)
+            streaming = headers.get("content-type", "").startswith("text/event-stream")
+            self._observer = ResponseObserver(api, streaming=streaming, status=status)
+            if request.response_headers.end_of_stream:
+                self._finish()
+        elif kind == "response_body" and self._observer is not None and not self._finished:
+            body = request.response_body
+            self._observer.feed(body.body, end=body.end_of_stream)
+            if body.end_of_stream:
+                self._finish()
+
+    def _finish(self) -> None:
+        assert self._observer is not None and self._replay_id is not None
+        self._finished = True
+        self._router.response_finished(self._replay_id, self._observer.summary)
+
+
+def _passthrough(kind: str | None) -> ep.ProcessingResponse:
+    """Continue any phase we did not ask for (trailers, or a body after a mode override)."""
+    if kind in ("request_headers", "response_headers"):
+        return ep.ProcessingResponse(**{kind: ep.HeadersResponse()})
+    if kind in ("request_trailers", "response_trailers"):
+        return ep.ProcessingResponse(**{kind: ep.TrailersResponse()})
+    if kind in ("request_body", "response_body"):
+        return ep.ProcessingResponse(**{kind: ep.BodyResponse()})
+    return ep.ProcessingResponse()
+
+
+class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
+    """The gRPC servicer: a thin loop around ``ExtProcStream`` that never lets a stream crash."""
+
+    def __init__(self, router: Router) -> None:
+        self._router = router
+
+    async def Process(  # noqa: N802 - gRPC method name
+        self, request_iterator: AsyncIterator[ep.ProcessingRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[ep.ProcessingResponse]:
+        stream = ExtProcStream(self._router)
+        try:
+            async for request in request_iterator:
+                try:
+                    reply = stream.handle(request)
+                except Exception:
+                    log.exception("ext_proc message failed")
+                    self._router.metrics.stream_failures.inc()
+                    if request.observability_mode:
+                        continue
+                    reply = error_response(
+                        RoutingError("the router failed on this request; see its logs"), None
+                    )
+                if reply is not None:
+                    yield reply
+        finally:
+            stream.close()

@@ -1,0 +1,122 @@
+"""Shared value types of the routing core.
+
+Everything here is plain data: no I/O, no gRPC, no asyncio. The request parser produces a
+``RequestSummary``, the response observer produces a ``ResponseSummary``, and the policy turns
+them into a ``RouteDecision``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+Clock = Callable[[], float]
+"""Seconds as a float; ``time.monotonic`` live, a virtual clock in evaluation and simulation."""
+
+
+class Api(enum.StrEnum):
+    """The LLM wire protocols the router understands."""
+
+    CHAT = "openai_chat"
+    RESPONSES = "openai_responses"
+    MESSAGES = "anthropic_messages"
+
+    @property
+    def error_style(self) -> str:
+        return "anthropic" if self is Api.MESSAGES else "openai"
+
+
+API_PATHS: dict[str, Api] = {
+    "/v1/chat/completions": Api.CHAT,
+    "/v1/responses": Api.RESPONSES,
+    "/v1/messages": Api.MESSAGES,
+}
+
+
+class Phase(enum.StrEnum):
+    """Where a session stands, as the router sees it."""
+
+    NEW = "new"
+    NORMAL = "normal"
+    TOOL_LOOP = "tool_loop"
+    PROVIDER_STATE = "provider_state"
+    IDLE_RESET = "idle_reset"
+    DRIFT_RESET = "drift_reset"
+
+
+class Action(enum.StrEnum):
+    """What the router did with the session's model this turn."""
+
+    NEW = "new"
+    KEEP = "keep"
+    SWITCH = "switch"
+    LOCKED_KEEP = "locked_keep"
+
+
+@dataclass(frozen=True, slots=True)
+class SessionIdentity:
+    """Who the session belongs to and how it was named.
+
+    ``key`` is scoped by tenant, so two callers that send the same session id never share state.
+    """
+
+    tenant: str
+    session_id: str | None
+    source: str | None = None
+    parent_session_id: str | None = None
+    final: bool = False
+    compaction: bool = False
+
+    @property
+    def key(self) -> str | None:
+        return None if self.session_id is None else f"{self.tenant}/{self.session_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSummary:
+    """Everything routing needs from one request body, extracted in a single parse.
+
+    ``tool_result_ids`` are the tool-call ids answered by the newest turn (an open tool loop);
+    ``provider_state`` holds fingerprints of non-portable items (encrypted reasoning, signed
+    thinking) that only the issuing backend can read.
+    """
+
+    api: Api
+    model: str
+    stream: bool
+    message_count: int
+    context_tokens: int
+    tools_offered: tuple[str, ...] = ()
+    tool_call_ids: tuple[str, ...] = ()
+    tool_result_ids: tuple[str, ...] = ()
+    previous_response_id: str | None = None
+    provider_state: tuple[str, ...] = ()
+    latest_user_text: str = ""
+    body: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def has_provider_state(self) -> bool:
+        return self.previous_response_id is not None or bool(self.provider_state)
+
+
+@dataclass(slots=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+
+@dataclass(slots=True)
+class ResponseSummary:
+    """What came back from the model: the ids it now owns and the usage it reported."""
+
+    status: int = 0
+    model: str | None = None
+    response_id: str | None = None
+    tool_call_ids: list[str] = field(default_factory=list)
+    tool_names: list[str] = field(default_factory=list)
+    provider_state: list[str] = field(default_factory=list)
+    usage: Usage | None = None
+    finish_reason: str | None = None
