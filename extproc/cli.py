@@ -77,6 +77,14 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(args.config)
 
 
+def _bench_overhead(args: argparse.Namespace) -> int:
+    from .bench.overhead import Settings, main
+
+    settings = Settings(warmup_s=args.warmup, duration_s=args.duration, client=args.client,
+                        upstream=args.upstream)
+    return main(args.config, settings, as_json=args.json)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="saar", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -113,6 +121,21 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="start Envoy, the processor and sims; run an agent session")
     demo.add_argument("--config", default=None)
     demo.set_defaults(func=_demo)
+
+    bench = sub.add_parser("bench", help="measure the stack on this machine")
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True)
+    overhead = bench_sub.add_parser(
+        "overhead", help="Envoy alone vs + pass-through processor vs + saar: latency and req/s"
+    )
+    overhead.add_argument("--json", action="store_true", help="last stdout line is JSON")
+    overhead.add_argument("--config", default=None, help="default: config/example.yaml")
+    overhead.add_argument("--warmup", type=float, default=1.0, help="seconds per cell")
+    overhead.add_argument("--duration", type=float, default=4.0, help="seconds per cell")
+    overhead.add_argument("--client", choices=("auto", "wrk", "python"), default="auto",
+                          help="load generator; auto = wrk if installed")
+    overhead.add_argument("--upstream", choices=("canned", "sim"), default="canned",
+                          help="canned = Envoy direct response; sim = sim-server --time-scale 0")
+    overhead.set_defaults(func=_bench_overhead)
     return parser
 
 

@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from .config import parse_config
-from .envoy_config import EnvoyPorts, render
+from .envoy_config import EnvoyPorts, bootstrap
 
 READY_TIMEOUT = 30.0
 
@@ -88,11 +88,13 @@ def run_stack(
     sim_args: Sequence[str] = (),
     processor: Callable[[int], list[str]] | None = None,
     workdir: str | Path | None = None,
+    envoy_transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> Iterator[Stack]:
     """Start sims, the processor and Envoy; stop them after.
 
     ``processor`` replaces the saar processor by another command given its gRPC port (the
-    benchmark's pass-through floor).
+    benchmark's pass-through floor); ``envoy_transform`` edits the rendered bootstrap (the
+    benchmark's variants: no filters, a pass-through filter, another upstream).
     """
     tmp = Path(workdir or tempfile.mkdtemp(prefix="saar-stack-"))
     tmp.mkdir(parents=True, exist_ok=True)
@@ -138,7 +140,10 @@ def run_stack(
         ports = EnvoyPorts(listen=free_port(), admin=free_port(), processor_port=grpc_port)
         access_log = tmp / "access.log"
         envoy_yaml = tmp / "envoy.yaml"
-        envoy_yaml.write_text(render(parse_config(config), ports, access_log=str(access_log)))
+        envoy_doc = bootstrap(parse_config(config), ports, access_log=str(access_log))
+        if envoy_transform is not None:
+            envoy_doc = envoy_transform(envoy_doc)
+        envoy_yaml.write_text(yaml.safe_dump(envoy_doc, sort_keys=False))
         proc = spawn("envoy", [envoy_binary(), "-c", str(envoy_yaml), "--log-level", "warn",
                                "--concurrency", "1", "--use-dynamic-base-id"])
         _wait_http(f"http://127.0.0.1:{ports.admin}/ready", proc)

@@ -19,16 +19,34 @@ MAX_BUFFERED_BODY = 16 * 1024 * 1024
 
 
 class ResponseObserver:
-    """Feed body chunks with ``feed``; ``summary`` is complete after the last one."""
+    """Feed body chunks with ``feed``; ``summary`` is complete once ``done``.
 
-    def __init__(self, api: Api, *, streaming: bool, status: int = 200) -> None:
+    ``done`` does not wait for the end of the HTTP body: a client that stops reading at the
+    stream's terminal event (``[DONE]``, ``response.completed``, ``message_stop``) and hangs up
+    leaves Envoy without an end-of-stream, so the terminal event, or the full content-length of
+    a document, completes the response.
+    """
+
+    def __init__(
+        self,
+        api: Api,
+        *,
+        streaming: bool,
+        status: int = 200,
+        expected_length: int | None = None,
+    ) -> None:
         self.api = api
         self.streaming = streaming
         self.summary = ResponseSummary(status=status)
+        self.done = False
+        self._expected_length = expected_length
+        self._received = 0
         self._buffer = bytearray()
         self._overflow = False
 
     def feed(self, chunk: bytes, *, end: bool = False) -> None:
+        if self.done:
+            return
         if self.streaming:
             self._buffer += chunk
             *lines, rest = self._buffer.split(b"\n")
@@ -38,14 +56,19 @@ class ResponseObserver:
             if end and self._buffer:
                 self._on_line(bytes(self._buffer))
                 self._buffer.clear()
+            self.done = self.done or end
             return
+        self._received += len(chunk)
         if len(self._buffer) + len(chunk) > MAX_BUFFERED_BODY:
             self._overflow = True
         if not self._overflow:
             self._buffer += chunk
-        if end and not self._overflow:
-            self._on_document(self._load(bytes(self._buffer)))
+        complete = self._expected_length is not None and self._received >= self._expected_length
+        if end or complete:
+            if not self._overflow:
+                self._on_document(self._load(bytes(self._buffer)))
             self._buffer.clear()
+            self.done = True
 
     @staticmethod
     def _load(data: bytes) -> dict[str, Any]:
@@ -60,7 +83,9 @@ class ResponseObserver:
         if not line.startswith(b"data:"):
             return
         payload = line[5:].strip()
-        if payload and payload != b"[DONE]":
+        if payload == b"[DONE]":
+            self.done = True
+        elif payload:
             self._on_event(self._load(payload))
 
     # -- whole documents -------------------------------------------------------------------
@@ -133,13 +158,15 @@ class ResponseObserver:
             return
         kind = event.get("type")
         if self.api is Api.RESPONSES:
-            if kind in ("response.created", "response.completed", "response.incomplete"):
+            if kind in ("response.created", "response.completed", "response.incomplete",
+                        "response.failed"):
                 response = event.get("response") or {}
                 if kind == "response.created":
                     s.response_id = response.get("id") or s.response_id
                 else:
                     self._reset_ids()
                     self._responses_object(response)
+                    self.done = True
             return
         if kind == "message_start":
             message = event.get("message") or {}
@@ -151,6 +178,8 @@ class ResponseObserver:
             delta = event.get("delta") or {}
             if delta.get("type") == "signature_delta" and delta.get("signature"):
                 self._provider_state(fingerprint("thinking", delta["signature"]))
+        elif kind == "message_stop":
+            self.done = True
         elif kind == "message_delta":
             s.finish_reason = (event.get("delta") or {}).get("stop_reason") or s.finish_reason
             usage = event.get("usage") or {}

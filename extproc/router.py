@@ -253,7 +253,8 @@ def decision_record(
         else {
             "decision": base.decision,
             "model": base.model,
-            "difficulty": base.difficulty,
+            "difficulty": round(base.difficulty, 4),
+            "matched": base.matched,
             "confidence": round(base.confidence, 4),
             "scores": {k: round(v, 4) for k, v in base.scores.items()},
         },
@@ -274,6 +275,7 @@ def decision_record(
             for t in decision.candidates
         ],
         "previous_model": decision.previous_model,
+        "decision": decision.decision,
         "model": decision.model,
         "action": decision.action.value,
         "phase": decision.phase.value,

@@ -95,7 +95,7 @@ class SaarEngine:
         state = self._memory.session(identity.key)
         if request.model not in self._logical:
             return self._direct(request, state)
-        base = self._selector.select(request, headers)
+        base = self._selector.select(request, headers, state.decision if state else None)
         knobs = self._decisions[base.decision].algorithm.session_aware
         locked = self._lock(request, state, knobs)
         if locked is not None:

@@ -1,8 +1,12 @@
 """Base selection: the per-request choice that SAAR wraps.
 
 Signals from the request pick the highest-priority matching decision; its candidate models are
-then ranked by the ``hybrid`` method, which trades quality fit for the decision's difficulty
-against price. The selector is one object with one method so a classifier can replace it.
+then ranked by the ``hybrid`` method, which trades quality fit for the turn's difficulty against
+price. A turn that matches no rule carries no evidence of a new task, so it inherits the
+session's decision (``default``) instead of falling to the catch-all one: a bare "continue" is not
+drift; and such a short follow-up ("continue", "fix it") is easier than the decision's typical
+turn. The selector is one object
+with one method so a classifier can replace it.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from .config import Config, Decision, Model
+from .config import Config, Decision, Model, Rules
 from .types import RequestSummary
 
 PRICE_WEIGHT = 0.35
@@ -20,6 +24,8 @@ PRICE_WEIGHT = 0.35
 
 UNDERQUALIFIED_PENALTY = 2.0
 OVERQUALIFIED_PENALTY = 0.25
+SHORT_FOLLOW_UP_CHARS = 48
+FOLLOW_UP_DIFFICULTY_FACTOR = 0.8
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,11 +35,15 @@ class BaseChoice:
     scores: dict[str, float]
     difficulty: float
     confidence: float
+    matched: bool = True
+    """False when no rule matched and the default decision was used."""
 
 
 class Selector(Protocol):
-    def select(self, request: RequestSummary, headers: Mapping[str, str]) -> BaseChoice:
-        """Rank the candidates of the decision this request matches; never consult the session."""
+    def select(
+        self, request: RequestSummary, headers: Mapping[str, str], default: str | None = None
+    ) -> BaseChoice:
+        """Rank the candidates of the decision this request matches (``default`` if none does)."""
         ...
 
 
@@ -42,6 +52,10 @@ class _CompiledDecision:
     decision: Decision
     keywords: tuple[str, ...]
     patterns: tuple[re.Pattern[str], ...]
+
+    @property
+    def has_rules(self) -> bool:
+        return self.decision.rules != Rules()
 
 
 class HybridSelector:
@@ -58,23 +72,37 @@ class HybridSelector:
             )
             for d in ordered
         )
+        self._by_name = {d.name: d for d in ordered}
+        # The catch-all: the highest-priority decision without rules, else the lowest one.
+        rule_less = [c.decision for c in self._decisions if not c.has_rules]
+        self._fallback = rule_less[0] if rule_less else self._decisions[-1].decision
 
-    def select(self, request: RequestSummary, headers: Mapping[str, str]) -> BaseChoice:
+    def select(
+        self, request: RequestSummary, headers: Mapping[str, str], default: str | None = None
+    ) -> BaseChoice:
         decision = self.match(request, headers)
+        matched = decision is not None
+        if decision is None:
+            decision = self._by_name.get(default or "", self._fallback)
+        difficulty = decision.difficulty
+        short = 0 < len(request.latest_user_text) <= SHORT_FOLLOW_UP_CHARS
+        if short and not matched:
+            difficulty *= FOLLOW_UP_DIFFICULTY_FACTOR
         names = [ref.model for ref in decision.modelRefs]
-        scores = hybrid_scores({n: self._models[n] for n in names}, decision.difficulty)
+        scores = hybrid_scores({n: self._models[n] for n in names}, difficulty)
         ranked = sorted(scores.values(), reverse=True)
         margin = ranked[0] - ranked[1] if len(ranked) > 1 else 1.0
         best = max(names, key=lambda n: scores[n])
         confidence = min(1.0, 0.5 + margin)
-        return BaseChoice(decision.name, best, scores, decision.difficulty, confidence)
+        return BaseChoice(decision.name, best, scores, difficulty, confidence, matched)
 
-    def match(self, request: RequestSummary, headers: Mapping[str, str]) -> Decision:
+    def match(self, request: RequestSummary, headers: Mapping[str, str]) -> Decision | None:
+        """The highest-priority decision whose rules the request meets; rule-less ones excluded."""
         text = request.latest_user_text.lower()
         for compiled in self._decisions:
-            if _matches(compiled, request, headers, text):
+            if compiled.has_rules and _matches(compiled, request, headers, text):
                 return compiled.decision
-        return self._decisions[-1].decision
+        return None
 
 
 def _matches(

@@ -107,12 +107,15 @@ class ExtProcStream:
         self._observer: ResponseObserver | None = None
         self._replay_id: str | None = None
         self._finished = False
+        self._observing = False
 
     def handle(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse | None:
-        if request.observability_mode:
-            self._observe(request)
-            return None
         kind = request.WhichOneof("request")
+        if kind in ("response_headers", "response_body"):
+            # Only the observe filter asks for the response. Envoy leaves observability_mode
+            # unset on the final end_of_stream message, so the kind decides, not the flag.
+            self._observe(request)
+            return None if request.observability_mode or self._observing else _passthrough(kind)
         try:
             if kind == "request_headers":
                 return self._on_request_headers(request.request_headers)
@@ -156,6 +159,7 @@ class ExtProcStream:
 
     def _observe(self, request: ep.ProcessingRequest) -> None:
         kind = request.WhichOneof("request")
+        self._observing = self._observing or request.observability_mode
         if kind == "response_headers":
             fields = request.metadata_context.filter_metadata.get(METADATA_NAMESPACE)
             replay_id = fields.fields["replay_id"].string_value if fields else ""
@@ -167,14 +171,18 @@ class ExtProcStream:
             self._replay_id = replay_id
             self._router.response_started(replay_id, status)
             streaming = headers.get("content-type", "").startswith("text/event-stream")
-            self._observer = ResponseObserver(api, streaming=streaming, status=status)
+            length = headers.get("content-length")
+            self._observer = ResponseObserver(
+                api, streaming=streaming, status=status,
+                expected_length=int(length) if length and length.isdigit() else None,
+            )
             if request.response_headers.end_of_stream:
-                self._finish()
+                self._observer.feed(b"", end=True)
         elif kind == "response_body" and self._observer is not None and not self._finished:
             body = request.response_body
             self._observer.feed(body.body, end=body.end_of_stream)
-            if body.end_of_stream:
-                self._finish()
+        if self._observer is not None and self._observer.done and not self._finished:
+            self._finish()
 
     def _finish(self) -> None:
         assert self._observer is not None and self._replay_id is not None

@@ -1,0 +1,1 @@
+"""Simulated model servers that behave like vLLM where routing cares."""

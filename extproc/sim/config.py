@@ -1,0 +1,83 @@
+"""Simulator settings and their command-line flags (``saar sim-server ...``)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import secrets
+from dataclasses import dataclass, fields
+
+_INSTANCE_ID = re.compile(r"[!#-\[\]-~]+")
+"""Printable ASCII without space, quote or backslash: safe inside ids, JSON and headers."""
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """One simulated vLLM instance. Defaults keep a typical request well under 50 ms."""
+
+    host: str = "127.0.0.1"
+    port: int = 8101
+    model: str = "qwen3-8b"
+    served_aliases: tuple[str, ...] = ()
+    instance_id: str = ""
+    """Tag inside every id this instance issues; defaults to ``sim-<port>``."""
+    block_size: int = 16
+    num_gpu_blocks: int = 2048
+    max_num_seqs: int = 64
+    max_model_len: int = 131072
+    prefill_tokens_per_s: float = 100_000.0
+    decode_tokens_per_s: float = 2_000.0
+    output_tokens: int = 16
+    fail_every: int = 0
+    """Every Nth API request gets a 503; 0 disables."""
+    time_scale: float = 1.0
+    """Multiplies every simulated delay; 0 answers without sleeping."""
+    max_body_bytes: int = 32 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        if not self.instance_id:
+            tag = str(self.port) if self.port else secrets.token_hex(3)
+            object.__setattr__(self, "instance_id", f"sim-{tag}")
+        if not _INSTANCE_ID.fullmatch(self.instance_id):
+            raise ValueError(f"instance_id must match {_INSTANCE_ID.pattern}: {self.instance_id!r}")
+        if min(self.block_size, self.num_gpu_blocks, self.max_num_seqs, self.max_model_len) < 1:
+            raise ValueError("block_size, num_gpu_blocks, max_num_seqs, max_model_len must be >= 1")
+        if min(self.prefill_tokens_per_s, self.decode_tokens_per_s) <= 0 or self.time_scale < 0:
+            raise ValueError("token rates must be positive and time_scale non-negative")
+
+    @property
+    def served_names(self) -> tuple[str, ...]:
+        return (self.model, *self.served_aliases)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> SimConfig:
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in vars(args).items() if k in known and v is not None}
+        if "served_aliases" in values:
+            values["served_aliases"] = tuple(values["served_aliases"])
+        return cls(**values)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``sim-server`` flags; every one maps onto a ``SimConfig`` field of the same name."""
+    d = SimConfig(instance_id="defaults")
+    parser.add_argument("--host", default=d.host)
+    parser.add_argument("--port", type=int, default=d.port)
+    parser.add_argument("--model", default=d.model, help="served model name")
+    parser.add_argument(
+        "--served-alias",
+        dest="served_aliases",
+        action="append",
+        metavar="NAME",
+        help="another name the model answers to (repeatable)",
+    )
+    parser.add_argument("--instance-id", help="tag in issued ids (default sim-<port>)")
+    parser.add_argument("--block-size", type=int, default=d.block_size)
+    parser.add_argument("--num-gpu-blocks", type=int, default=d.num_gpu_blocks)
+    parser.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
+    parser.add_argument("--max-model-len", type=int, default=d.max_model_len)
+    parser.add_argument("--prefill-tokens-per-s", type=float, default=d.prefill_tokens_per_s)
+    parser.add_argument("--decode-tokens-per-s", type=float, default=d.decode_tokens_per_s)
+    parser.add_argument("--output-tokens", type=int, default=d.output_tokens)
+    parser.add_argument("--fail-every", type=int, default=d.fail_every, metavar="N")
+    parser.add_argument("--time-scale", type=float, default=d.time_scale)

@@ -1,0 +1,76 @@
+"""vLLM's Prometheus metrics (the names a load-aware router scrapes), plus the oracle's counters.
+
+Each simulator owns a ``CollectorRegistry`` so several can run in one process.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
+from .oracle import VIOLATION_KINDS
+
+MODEL = ("model_name",)
+
+
+class SimMetrics:
+    def __init__(self, *, model: str, block_size: int, num_gpu_blocks: int) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.running = Gauge(
+            "vllm:num_requests_running", "Requests in model execution batches.", MODEL, registry=r
+        ).labels(model)
+        self.waiting = Gauge(
+            "vllm:num_requests_waiting", "Requests waiting to be processed.", MODEL, registry=r
+        ).labels(model)
+        self.kv_cache_usage = Gauge(
+            "vllm:kv_cache_usage_perc",
+            "KV-cache usage of running requests, 0..1.",
+            MODEL,
+            registry=r,
+        ).labels(model)
+        self.prefix_queries = Counter(
+            "vllm:prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache.",
+            MODEL,
+            registry=r,
+        ).labels(model)
+        self.prefix_hits = Counter(
+            "vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", MODEL, registry=r
+        ).labels(model)
+        self.prompt_tokens = Counter(
+            "vllm:prompt_tokens", "Prefill tokens processed.", MODEL, registry=r
+        ).labels(model)
+        self.generation_tokens = Counter(
+            "vllm:generation_tokens", "Generation tokens processed.", MODEL, registry=r
+        ).labels(model)
+        self.request_success = Counter(
+            "vllm:request_success",
+            "Successfully finished requests.",
+            (*MODEL, "finished_reason"),
+            registry=r,
+        )
+        cache_config = Gauge(
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig.",
+            ("block_size", "num_gpu_blocks", "enable_prefix_caching"),
+            registry=r,
+        )
+        cache_config.labels(str(block_size), str(num_gpu_blocks), "True").set(1)
+        self.violations = Counter(
+            "saar_sim_continuity_violations",
+            "Requests leaning on state this instance never issued, by kind.",
+            ("kind",),
+            registry=r,
+        )
+        for kind in VIOLATION_KINDS:
+            self.violations.labels(kind)
+        self.injected_errors = Counter(
+            "saar_sim_injected_errors", "Requests failed on purpose by fault injection.", registry=r
+        )
+        self._model = model
+
+    def finished(self, reason: str) -> None:
+        self.request_success.labels(self._model, reason).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

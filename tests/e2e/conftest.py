@@ -1,0 +1,68 @@
+"""A real stack for the end-to-end tests: Envoy 1.40, the processor and simulated models."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from extproc.harness import Stack, run_stack
+from tests.conftest import EXAMPLE_CONFIG
+
+IDLE_TIMEOUT = 2
+
+
+def e2e_config() -> dict[str, Any]:
+    config = yaml.safe_load(EXAMPLE_CONFIG.read_text())
+    for decision in config["routing"]["decisions"]:
+        decision["algorithm"]["session_aware"]["idle_timeout_seconds"] = IDLE_TIMEOUT
+    # A "summarise" turn is a different task: lets the tests cross a drift boundary.
+    config["routing"]["decisions"][1]["rules"] = {"keywords": ["summarise"]}
+    config["routing"]["decisions"].append({
+        "name": "general", "difficulty": 0.4,
+        "modelRefs": [{"model": "qwen3-8b"}, {"model": "qwen3-32b"}],
+    })
+    config["limits"]["max_body_bytes"] = 1 << 20
+    config["health"] = {"failure_threshold": 3, "cooldown_seconds": 1}
+    return config
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory) -> Iterator[Stack]:
+    with run_stack(e2e_config(), workdir=tmp_path_factory.mktemp("stack")) as running:
+        yield running
+
+
+def get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.load(response)
+
+
+def replay_outcome(stack: Stack, replay_id: str, timeout: float = 3.0) -> dict[str, Any]:
+    """The outcome is observed off the request path (observability mode), so it lands shortly
+    after the client has the response; poll for it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        record = get_json(f"{stack.processor_http}/v1/replay/{replay_id}")
+        if "outcome" in record or time.monotonic() > deadline:
+            return record
+        time.sleep(0.02)
+
+
+def post_json(url: str, payload: dict[str, Any]) -> Any:
+    request = urllib.request.Request(
+        url, data=json.dumps(payload).encode(), headers={"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return json.load(response)
+
+
+def violations(stack: Stack) -> int:
+    return sum(
+        sum(get_json(f"{url}/admin/state")["violations"].values())
+        for urls in stack.sims.values() for url in urls
+    )

@@ -1,0 +1,223 @@
+"""The SAAR engine through the sans-IO router: requests in, decisions and memory out."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import orjson
+import pytest
+
+from extproc.config import Config
+from extproc.errors import ModelUnavailable, UnknownModel
+from extproc.router import Router
+from extproc.types import Api, ResponseSummary, Usage
+
+CHEAP, STRONG = "qwen3-8b", "qwen3-32b"
+HARD = "Please refactor the storage layer"
+
+
+def chat(text: str | None = None, results: tuple[str, ...] = (), context_chars: int = 0) -> bytes:
+    messages = [{"role": "system", "content": "x" * context_chars}] if context_chars else []
+    if text is not None:
+        messages.append({"role": "user", "content": text})
+    if results:
+        messages.append({"role": "assistant", "tool_calls": [{"id": r} for r in results]})
+        messages += [{"role": "tool", "tool_call_id": r, "content": "ok"} for r in results]
+    return orjson.dumps({"model": "auto", "messages": messages})
+
+
+class Driver:
+    """Plays the upstream: every routed request is answered like the gRPC adapter reports it."""
+
+    def __init__(self, config: Config, clock) -> None:
+        self.router = Router(config, clock=clock)
+        self.clock = clock
+
+    def send(self, body: bytes, session: str | None = "s1", status: int = 200,
+             api: Api = Api.CHAT, **response):
+        headers = {"authorization": "Bearer k"}
+        if session:
+            headers["x-session-id"] = session
+        routed = self.router.route(api, headers, body)
+        self.router.response_started(routed.replay_id, status)
+        self.router.response_finished(
+            routed.replay_id, ResponseSummary(status=status, model=routed.model, **response))
+        self.clock.advance(5)
+        return routed
+
+    def record(self, routed):
+        return self.router.replay.get(routed.replay_id)
+
+
+def session_key(driver: Driver, routed) -> str:
+    session = driver.record(routed)["session"]
+    return f"{session['tenant']}/{session['id']}"
+
+
+@pytest.fixture
+def driver(config, clock) -> Driver:
+    return Driver(config, clock)
+
+
+def test_new_session_follows_base_choice(driver):
+    routed = driver.send(chat(HARD))
+    assert routed.model == STRONG
+    assert routed.diagnostics["x-saar-action"] == "new"
+    assert routed.diagnostics["x-saar-decision"] == "hard_engineering"
+    assert orjson.loads(routed.body)["model"] == STRONG
+    assert routed.cluster == STRONG
+
+
+def test_tool_loop_lock_beats_a_cheaper_base_choice(driver):
+    driver.send(chat(HARD), tool_call_ids=["call_1"])
+    # The follow-up alone would go to the cheap model; its tool result belongs to STRONG.
+    routed = driver.send(chat("ok", results=("call_1",)))
+    rec = driver.record(routed)
+    assert routed.model == STRONG
+    assert (rec["action"], rec["lock"], rec["phase"]) == ("locked_keep", "tool_loop", "tool_loop")
+    assert rec["base"]["model"] == CHEAP
+
+
+def test_tool_loop_lock_holds_without_a_session_id(driver):
+    driver.send(chat(HARD), session=None, tool_call_ids=["call_x"])
+    routed = driver.send(chat("ok", results=("call_x",)), session=None)
+    assert routed.model == STRONG
+    assert driver.record(routed)["reason"] == "tool_loop_lock"
+
+
+def test_tool_loop_lock_holds_after_memory_loss(driver):
+    first = driver.send(chat(HARD), tool_call_ids=["call_y"])
+    driver.router.memory.forget(session_key(driver, first))
+    assert len(driver.router.memory) == 0
+    routed = driver.send(chat("ok", results=("call_y",)))
+    assert routed.model == STRONG
+
+
+def test_provider_state_lock_on_previous_response_id(driver):
+    body = orjson.dumps({"model": "auto", "input": HARD})
+    driver.send(body, api=Api.RESPONSES, response_id="resp_1")
+    follow = orjson.dumps({"model": "auto", "input": "go on", "previous_response_id": "resp_1"})
+    routed = driver.send(follow, api=Api.RESPONSES, session="another-session")
+    assert routed.model == STRONG
+    assert driver.record(routed)["lock"] == "provider_state"
+
+
+def test_failed_upstream_is_not_committed(driver):
+    driver.send(chat(HARD))
+    driver.clock.advance(400)  # idle: the next turn may reselect
+    failed = driver.send(chat("hi there, new question"), status=503)
+    assert failed.model == CHEAP
+    state = driver.router.memory.session(session_key(driver, failed))
+    assert state.model == STRONG
+    assert state.switches == 0
+
+
+def test_locked_model_down_answers_503_then_resumes(driver, clock):
+    driver.send(chat(HARD), tool_call_ids=["call_z"])
+    for _ in range(3):  # three 5xx take the model out for the cooldown
+        driver.router.health.record(STRONG, 503)
+    with pytest.raises(ModelUnavailable) as info:
+        driver.router.route(Api.CHAT, {"x-session-id": "s1", "authorization": "Bearer k"},
+                            chat("ok", results=("call_z",)))
+    assert info.value.status == 503 and info.value.retry_after >= 1
+    assert "locked to qwen3-32b" in info.value.message
+    clock.advance(10)
+    assert driver.send(chat("ok", results=("call_z",))).model == STRONG
+
+
+def test_unlocked_session_fails_over(driver):
+    driver.send(chat(HARD))
+    for _ in range(3):
+        driver.router.health.record(STRONG, 503)
+    routed = driver.send(chat("and now?"))
+    assert routed.model == CHEAP
+    assert driver.record(routed)["reason"] == "failover"
+
+
+def test_idle_reset_reopens_selection(driver):
+    driver.send(chat(HARD, context_chars=400_000))
+    driver.clock.advance(301)
+    routed = driver.send(chat("ok", context_chars=400_000))
+    rec = driver.record(routed)
+    assert (rec["reset"], rec["phase"], routed.model) == ("idle", "idle_reset", CHEAP)
+
+
+def test_unsignalled_follow_up_is_not_drift(driver):
+    driver.send(chat(HARD))
+    routed = driver.send(chat("continue"))
+    rec = driver.record(routed)
+    assert rec["reset"] is None
+    assert rec["decision"] == rec["base"]["decision"] == "hard_engineering"
+    assert rec["base"]["matched"] is False
+
+
+def test_drift_reset_on_a_new_matched_decision(config, clock):
+    rules = replace(config.routing.decisions[1].rules, keywords=("summarise",))
+    decisions = (config.routing.decisions[0], replace(config.routing.decisions[1], rules=rules))
+    driver = Driver(replace(config, routing=replace(config.routing, decisions=decisions)), clock)
+    driver.send(chat(HARD))
+    routed = driver.send(chat("summarise what we did"))
+    rec = driver.record(routed)
+    assert (rec["reset"], rec["action"], routed.model) == ("drift", "switch", CHEAP)
+
+
+@pytest.mark.parametrize(
+    ("context_chars", "turns", "expected"),
+    [
+        (4_000, 1, CHEAP),     # young, small session: re-prefill is cheap, the switch is taken
+        (400_000, 6, STRONG),  # long warm session on the strong model: too dear to leave
+    ],
+)
+def test_switch_pricing_is_asymmetric(driver, context_chars, turns, expected):
+    for _ in range(turns):
+        driver.send(chat(HARD, context_chars=context_chars))
+    routed = driver.send(chat("continue", context_chars=context_chars))
+    rec = driver.record(routed)
+    assert routed.model == expected, rec["candidates"]
+    cheap = next(c for c in rec["candidates"] if c["model"] == CHEAP)
+    assert cheap["transition_usd"] > 0
+
+
+def test_switch_pricing_off_switches_the_warm_session(config, clock):
+    decisions = tuple(
+        replace(d, algorithm=replace(d.algorithm, session_aware=replace(
+            d.algorithm.session_aware, switch_pricing=False)))
+        for d in config.routing.decisions
+    )
+    driver = Driver(replace(config, routing=replace(config.routing, decisions=decisions)), clock)
+    for _ in range(6):
+        driver.send(chat(HARD, context_chars=400_000))
+    assert driver.send(chat("continue", context_chars=400_000)).model == CHEAP
+
+
+def test_physical_model_passes_through(driver):
+    body = orjson.dumps({"model": CHEAP, "messages": [{"role": "user", "content": HARD}]})
+    routed = driver.send(body)
+    assert (routed.model, routed.body) == (CHEAP, None)
+    assert driver.record(routed)["reason"] == "physical_model"
+
+
+def test_unknown_model_is_404(driver):
+    body = orjson.dumps({"model": "gpt-17", "messages": [{"role": "user", "content": "x"}]})
+    with pytest.raises(UnknownModel) as info:
+        driver.send(body)
+    assert info.value.status == 404
+
+
+def test_replay_record_has_outcome_and_cache_evidence(driver):
+    routed = driver.send(chat(HARD), usage=Usage(100, 10, 60), finish_reason="stop")
+    rec = driver.record(routed)
+    assert rec["outcome"]["usage"] == {"prompt_tokens": 100, "completion_tokens": 10,
+                                       "cached_tokens": 60}
+    assert rec["outcome"]["finish_reason"] == "stop"
+    assert "storage" not in orjson.dumps(rec).decode()  # content-free
+    assert driver.router.replay.for_session("s1")[0]["replay_id"] == routed.replay_id
+
+
+def test_session_final_releases_memory(driver):
+    headers = {"x-session-id": "fin", "x-dynamo-session-final": "true"}
+    routed = driver.router.route(Api.CHAT, headers, chat(HARD))
+    driver.router.response_started(routed.replay_id, 200)
+    assert len(driver.router.memory) == 1
+    driver.router.response_finished(routed.replay_id, ResponseSummary(status=200))
+    assert len(driver.router.memory) == 0
