@@ -39,6 +39,16 @@ class Pricing:
 
 
 @dataclass(frozen=True)
+class WorkerSpec:
+    address: str
+    """``host:port`` of the model server."""
+    metrics_url: str | None = None
+    """Defaults to ``http://{address}/metrics``."""
+    kv_events: str | None = None
+    """ZMQ endpoint of its KV-event publisher, e.g. ``tcp://10.0.0.5:5557``."""
+
+
+@dataclass(frozen=True)
 class Model:
     """A physical model: the Envoy cluster that serves it, what it costs and how good it is.
 
@@ -48,6 +58,8 @@ class Model:
 
     cluster: str
     endpoints: tuple[str, ...] = ()
+    workers: tuple[WorkerSpec, ...] = ()
+    """Workers with more to say than ``endpoints`` (metrics URL, KV-event publisher)."""
     pricing: Pricing = field(default_factory=Pricing)
     quality: float = 0.5
     context_window: int = 131072
@@ -153,6 +165,61 @@ class Replay:
 
 
 @dataclass(frozen=True)
+class PrefixIndexConfig:
+    """``approximate`` learns from routing (character blocks); ``precise`` reads the servers' KV
+    events and needs the model's ``tokenizer.json``."""
+
+    mode: str = "approximate"
+    chars_per_block: int = 64
+    default_capacity_blocks: int = 65536
+    tokenizer: str | None = None
+
+
+@dataclass(frozen=True)
+class Admission:
+    """Session-aware admission (ThunderAgent): pause ACTING sessions of an oversubscribed worker
+    at their tool boundary, resume them when it has room."""
+
+    enabled: bool = False
+    tick_seconds: float = 5.0
+    pause_threshold: float = 0.95
+    resume_target: float = 0.80
+    demote_threshold: float = 0.80
+    hysteresis: float = 0.10
+    demote_priority: float = -2.0
+    resume_priority: float = 1.0
+    buffer_tokens: int = 100
+    acting_weight: float = 1.0
+    forced_resume_seconds: float = 1800.0
+    on_paused: str = "hold"
+    """``hold`` the request at the processor until resumed, or ``reject`` it with 429."""
+    hold_timeout_seconds: float = 30.0
+
+
+@dataclass(frozen=True)
+class Scheduling:
+    """Worker scoring inside a model's pool (weights as the Gateway API Inference Extension)."""
+
+    enabled: bool = True
+    scorers: dict[str, float] = field(
+        default_factory=lambda: {"prefix": 3.0, "queue": 2.0, "kv_utilization": 2.0,
+                                 "session_affinity": 1.0}
+    )
+    cost_form: str = "weighted"
+    """``weighted`` (scorers × weights) or ``dynamo`` (overlap weight × uncached prefill blocks +
+    active decode blocks, lowest wins)."""
+    overlap_weight: float = 1.0
+    max_waiting_per_worker: int = 0
+    """Shed load with 429 when every eligible worker has more waiting requests (0 = never)."""
+    scrape_interval_seconds: float = 0.05
+    staleness_seconds: float = 2.0
+    workers_file: str | None = None
+    """YAML ``{model: [host:port, ...]}`` reloaded when it changes, without a restart."""
+    prefix: PrefixIndexConfig = field(default_factory=PrefixIndexConfig)
+    admission: Admission = field(default_factory=Admission)
+
+
+@dataclass(frozen=True)
 class Config:
     models: dict[str, Model]
     routing: Routing = field(default_factory=Routing)
@@ -161,6 +228,7 @@ class Config:
     limits: Limits = field(default_factory=Limits)
     memory: Memory = field(default_factory=Memory)
     health: Health = field(default_factory=Health)
+    scheduling: Scheduling = field(default_factory=Scheduling)
     replay: Replay = field(default_factory=Replay)
 
 
@@ -240,6 +308,7 @@ def _join(where: str, key: str) -> str:
 
 
 def _check_references(config: Config, source: str) -> None:
+    _check_scheduling(config.scheduling, source)
     if not config.models:
         raise ConfigError(f"{source}: models: at least one model is required")
     for name in config.routing.logical_models:
@@ -273,3 +342,26 @@ def _check_references(config: Config, source: str) -> None:
                 re.compile(pattern)
             except re.error as exc:
                 raise ConfigError(f"{source}: {where}.rules.regex[{k}]: {exc}") from None
+
+
+SCORERS = frozenset({"prefix", "queue", "kv_utilization", "session_affinity"})
+
+
+def _check_scheduling(scheduling: Scheduling, source: str) -> None:
+    for name in scheduling.scorers:
+        if name not in SCORERS:
+            raise ConfigError(
+                f"{source}: scheduling.scorers.{name}: unknown scorer; one of {sorted(SCORERS)}"
+            )
+    if scheduling.cost_form not in ("weighted", "dynamo"):
+        raise ConfigError(f"{source}: scheduling.cost_form: 'weighted' or 'dynamo', "
+                          f"got {scheduling.cost_form!r}")
+    if scheduling.prefix.mode not in ("approximate", "precise"):
+        raise ConfigError(f"{source}: scheduling.prefix.mode: 'approximate' or 'precise', "
+                          f"got {scheduling.prefix.mode!r}")
+    if scheduling.prefix.mode == "precise" and not scheduling.prefix.tokenizer:
+        raise ConfigError(f"{source}: scheduling.prefix.tokenizer: precise mode needs the "
+                          "path of the model's tokenizer.json")
+    if scheduling.admission.on_paused not in ("hold", "reject"):
+        raise ConfigError(f"{source}: scheduling.admission.on_paused: 'hold' or 'reject', "
+                          f"got {scheduling.admission.on_paused!r}")

@@ -1,0 +1,95 @@
+"""The scheduling contract: what a worker looks like, what a request brings, and the plugin
+protocols. Small on purpose: a scorer is one method, a picker is one method."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(slots=True)
+class Worker:
+    """One model server in a model's pool, with the load signals scraped from its ``/metrics``
+    (vLLM or SGLang names) and the router's own in-flight count."""
+
+    address: str
+    """``host:port``: what Envoy's override_host policy routes to."""
+    model: str
+    metrics_url: str | None = None
+    kv_events: str | None = None
+    """ZMQ endpoint of the server's KV-event publisher, for the precise prefix index."""
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0
+    """Fraction of the KV cache in use, 0..1."""
+    block_size: int = 16
+    num_blocks: int | None = None
+    """KV capacity in blocks as the server reports it (``vllm:cache_config_info``)."""
+    in_flight: int = 0
+    scraped_at: float | None = None
+    healthy: bool = True
+
+    @property
+    def capacity_tokens(self) -> int | None:
+        return None if self.num_blocks is None else self.num_blocks * self.block_size
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulingRequest:
+    """What scheduling needs to know of one request; built once per request by the router."""
+
+    model: str
+    session_key: str | None
+    prompt_blocks: tuple[int, ...]
+    """Chained block hashes of the rendered prompt (approximate index: character blocks)."""
+    prompt_tokens: int
+    subset: frozenset[str] | None = None
+    """The proxy's subset hint: only these addresses may be picked (None = no hint)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleResult:
+    """Addresses best first (the rest are fallbacks for retries) and each scorer's view."""
+
+    ordered: tuple[str, ...]
+    scores: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    """scorer name → address → score in [0, 1]."""
+    total: Mapping[str, float] = field(default_factory=dict)
+    matched_blocks: Mapping[str, int] = field(default_factory=dict)
+    """Prefix blocks of this request already cached on each worker (from the prefix index)."""
+
+
+class Filter(Protocol):
+    name: str
+
+    def filter(self, request: SchedulingRequest, workers: Sequence[Worker]) -> list[Worker]:
+        """The workers that may serve this request (never raises; may return none)."""
+        ...
+
+
+class Scorer(Protocol):
+    name: str
+
+    def score(self, request: SchedulingRequest, workers: Sequence[Worker]) -> dict[str, float]:
+        """address → score in [0, 1], higher is better; the runner clamps and weights."""
+        ...
+
+
+class Picker(Protocol):
+    def pick(self, totals: Mapping[str, float]) -> list[str]:
+        """Addresses ordered best first; ties broken at random (seeded by the runner)."""
+        ...
+
+
+class PrefixIndex(Protocol):
+    """Which prompt blocks each worker holds: approximate (learnt from routing) or precise
+    (from the servers' KV events)."""
+
+    def matched_blocks(self, worker: str, blocks: Sequence[int]) -> int:
+        """Length of the longest prefix of ``blocks`` that ``worker`` holds."""
+        ...
+
+    def routed(self, worker: str, blocks: Sequence[int]) -> None:
+        """``blocks`` were sent to ``worker`` (the approximate index learns; precise ignores)."""
+        ...
