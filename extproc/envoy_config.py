@@ -83,7 +83,8 @@ def bootstrap(config: Config, ports: EnvoyPorts, *, access_log: str | None = Non
     if access_log:
         hcm["access_log"] = [_access_log(access_log)]
     return {
-        "admin": {"address": _address(ports.listen_host, ports.admin)},
+        # The admin port can reconfigure Envoy: never expose it beyond loopback.
+        "admin": {"address": _address("127.0.0.1", ports.admin)},
         "static_resources": {
             "listeners": [
                 {
