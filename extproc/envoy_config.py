@@ -29,6 +29,7 @@ DIAGNOSTIC_HEADERS = {
     "x-saar-context-tokens": "context_tokens",
 }
 WORKER_HEADER = "x-saar-worker"
+DESTINATION_HEADER = "x-gateway-destination-endpoint"
 
 
 @dataclass(frozen=True)
@@ -136,7 +137,11 @@ def _routing_filter() -> dict[str, Any]:
                 "request_trailer_mode": "SKIP",
                 "response_trailer_mode": "SKIP",
             },
-            "metadata_options": {"receiving_namespaces": {"untyped": ["saar"]}},
+            "metadata_options": {
+                "receiving_namespaces": {"untyped": ["saar", "envoy.lb"]},
+                # The proxy's subset hint reaches the processor as filter metadata.
+                "forwarding_namespaces": {"untyped": ["envoy.lb.subset_hint"]},
+            },
         },
     }
 
@@ -242,4 +247,41 @@ def _model_cluster(name: str, endpoints: tuple[str, ...]) -> dict[str, Any]:
         "connect_timeout": "1s",
         "per_connection_buffer_limit_bytes": BUFFER_LIMIT,
         "load_assignment": _endpoints(name, endpoints),
+        "load_balancing_policy": _override_host_policy(),
+    }
+
+
+def _override_host_policy() -> dict[str, Any]:
+    """Go to the worker the processor picked (metadata list first: primary then fallbacks, else
+    the header); without a pick, or when the picked hosts are gone, Envoy balances as usual."""
+    return {
+        "policies": [
+            {
+                "typed_extension_config": {
+                    "name": "envoy.load_balancing_policies.override_host",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.load_balancing_policies."
+                        "override_host.v3.OverrideHost",
+                        "override_host_sources": [
+                            {"metadata": {"key": "envoy.lb",
+                                          "path": [{"key": DESTINATION_HEADER}]}},
+                            {"header": DESTINATION_HEADER},
+                        ],
+                        "fallback_policy": {
+                            "policies": [
+                                {
+                                    "typed_extension_config": {
+                                        "name": "envoy.load_balancing_policies.round_robin",
+                                        "typed_config": {
+                                            "@type": "type.googleapis.com/envoy.extensions."
+                                            "load_balancing_policies.round_robin.v3.RoundRobin"
+                                        },
+                                    }
+                                }
+                            ]
+                        },
+                    },
+                }
+            }
+        ]
     }
