@@ -13,9 +13,9 @@ from aiohttp import web
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from ._proto import replay_pb2_grpc
 from .config import Config
 from .http_api import build_http_app
-from ._proto import replay_pb2_grpc
 from .replay_service import ReplayService
 from .router import Router
 from .server import ExternalProcessor

@@ -80,9 +80,15 @@ def _demo(args: argparse.Namespace) -> int:
 def _bench_overhead(args: argparse.Namespace) -> int:
     from .bench.overhead import Settings, main
 
-    settings = Settings(warmup_s=args.warmup, duration_s=args.duration, client=args.client,
-                        upstream=args.upstream)
+    settings = Settings(variants=tuple(args.variants.split(",")), warmup_s=args.warmup,
+                        duration_s=args.duration, client=args.client, upstream=args.upstream)
     return main(args.config, settings, as_json=args.json)
+
+
+def _eval_matrix(args: argparse.Namespace) -> int:
+    from .evaluation.cli import run
+
+    return run(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -129,6 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     overhead.add_argument("--json", action="store_true", help="last stdout line is JSON")
     overhead.add_argument("--config", default=None, help="default: config/example.yaml")
+    overhead.add_argument("--variants", default="envoy,passthrough,saar",
+                          help="comma-separated; also saar-breakers, saar-single")
     overhead.add_argument("--warmup", type=float, default=1.0, help="seconds per cell")
     overhead.add_argument("--duration", type=float, default=4.0, help="seconds per cell")
     overhead.add_argument("--client", choices=("auto", "wrk", "python"), default="auto",
@@ -136,6 +144,14 @@ def build_parser() -> argparse.ArgumentParser:
     overhead.add_argument("--upstream", choices=("canned", "sim"), default="canned",
                           help="canned = Envoy direct response; sim = sim-server --time-scale 0")
     overhead.set_defaults(func=_bench_overhead)
+
+    evaluation = sub.add_parser("eval", help="offline evaluations of the routing engine")
+    eval_sub = evaluation.add_subparsers(dest="eval_command", required=True)
+    matrix = eval_sub.add_parser("matrix", help="the SAAR article's deterministic policy matrix")
+    from .evaluation.cli import add_arguments as add_matrix_arguments
+
+    add_matrix_arguments(matrix)
+    matrix.set_defaults(func=_eval_matrix)
     return parser
 
 

@@ -117,7 +117,7 @@ class Rules:
 @dataclass(frozen=True)
 class Decision:
     name: str
-    modelRefs: tuple[ModelRef, ...]  # noqa: N815 - the SAAR article's key, kept as written
+    modelRefs: tuple[ModelRef, ...]
     priority: int = 0
     difficulty: float = 0.5
     rules: Rules = field(default_factory=Rules)

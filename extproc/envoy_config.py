@@ -45,7 +45,9 @@ def render(config: Config, ports: EnvoyPorts, *, access_log: str | None = None) 
     return yaml.safe_dump(bootstrap(config, ports, access_log=access_log), sort_keys=False)
 
 
-def bootstrap(config: Config, ports: EnvoyPorts, *, access_log: str | None = None) -> dict[str, Any]:
+def bootstrap(
+    config: Config, ports: EnvoyPorts, *, access_log: str | None = None
+) -> dict[str, Any]:
     default_cluster = next(iter(config.models.values())).cluster
     cluster_header = config.routing.cluster_header
     hcm: dict[str, Any] = {
@@ -175,7 +177,9 @@ def _observe_filter() -> dict[str, Any]:
 def _router_filter() -> dict[str, Any]:
     return {
         "name": "envoy.filters.http.router",
-        "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"},
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+        },
     }
 
 

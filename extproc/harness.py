@@ -47,10 +47,9 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = READY_T
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}")
-        with contextlib.suppress(OSError):
-            with urllib.request.urlopen(url, timeout=1) as response:
-                if response.status == 200:
-                    return
+        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=1) as response:
+            if response.status == 200:
+                return
         time.sleep(0.05)
     raise RuntimeError(f"{url} did not become ready in {timeout}s")
 

@@ -19,7 +19,7 @@ class ReplayService(replay_pb2_grpc.ReplayServicer):
     def __init__(self, store: ReplayStore) -> None:
         self._store = store
 
-    async def GetRecord(  # noqa: N802 - gRPC method name
+    async def GetRecord(
         self, request: replay_pb2.GetRecordRequest, context: grpc.aio.ServicerContext
     ) -> struct_pb2.Struct:
         record = self._store.get(request.replay_id)
@@ -27,7 +27,7 @@ class ReplayService(replay_pb2_grpc.ReplayServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown replay id {request.replay_id}")
         return _struct(record)
 
-    async def ListSession(  # noqa: N802 - gRPC method name
+    async def ListSession(
         self, request: replay_pb2.ListSessionRequest, context: grpc.aio.ServicerContext
     ) -> replay_pb2.RecordList:
         records = self._store.for_session(request.session_id)

@@ -42,7 +42,9 @@ def parse_request(api: Api, raw: bytes, *, max_body_bytes: int) -> RequestSummar
     try:
         return parse(body, model)
     except (TypeError, AttributeError, KeyError) as exc:
-        raise MalformedRequest(f"request body does not match the {api.value} schema: {exc}") from None
+        raise MalformedRequest(
+            f"request body does not match the {api.value} schema: {exc}"
+        ) from None
 
 
 def _text_size(value: Any) -> int:

@@ -157,7 +157,8 @@ class SaarEngine:
 
     def _reset(self, state: SessionState, base: BaseChoice, knobs: SessionAware) -> str | None:
         idle = self._clock() - state.last_seen
-        if knobs.idle_reset and knobs.idle_timeout_seconds > 0 and idle > knobs.idle_timeout_seconds:
+        timeout = knobs.idle_timeout_seconds
+        if knobs.idle_reset and timeout > 0 and idle > timeout:
             return "idle"
         if knobs.decision_drift_reset and base.decision != state.decision:
             return "drift"

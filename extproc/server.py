@@ -27,7 +27,7 @@ from google.protobuf import struct_pb2
 
 from .errors import MalformedRequest, RoutingError
 from .response import ResponseObserver
-from .router import Router, Routed, api_for
+from .router import Routed, Router, api_for
 from .types import Api
 
 log = logging.getLogger(__name__)
@@ -207,8 +207,10 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
     def __init__(self, router: Router) -> None:
         self._router = router
 
-    async def Process(  # noqa: N802 - gRPC method name
-        self, request_iterator: AsyncIterator[ep.ProcessingRequest], context: grpc.aio.ServicerContext
+    async def Process(
+        self,
+        request_iterator: AsyncIterator[ep.ProcessingRequest],
+        context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[ep.ProcessingResponse]:
         stream = ExtProcStream(self._router)
         try:

@@ -52,5 +52,5 @@ def test_validation_names_file_and_key(example_data, mutate, message):
 def test_unreadable_file(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("models: [unclosed")
-    with pytest.raises(ConfigError, match="bad.yaml: cannot read YAML"):
+    with pytest.raises(ConfigError, match=r"bad\.yaml: cannot read YAML"):
         load_config(bad)

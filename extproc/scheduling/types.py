@@ -28,6 +28,8 @@ class Worker:
     """KV capacity in blocks as the server reports it (``vllm:cache_config_info``)."""
     in_flight: int = 0
     scraped_at: float | None = None
+    stale: bool = False
+    """No scrape within the staleness window: the load signals are old, lean on ``in_flight``."""
     healthy: bool = True
 
     @property
@@ -58,6 +60,10 @@ class ScheduleResult:
     total: Mapping[str, float] = field(default_factory=dict)
     matched_blocks: Mapping[str, int] = field(default_factory=dict)
     """Prefix blocks of this request already cached on each worker (from the prefix index)."""
+    durations: Mapping[str, float] = field(default_factory=dict)
+    """plugin name → seconds it took, for the metrics."""
+    failed: tuple[str, ...] = ()
+    """Plugins that raised this time (contained: a scorer counts as 0, a filter as a no-op)."""
 
 
 class Filter(Protocol):
@@ -79,6 +85,12 @@ class Scorer(Protocol):
 class Picker(Protocol):
     def pick(self, totals: Mapping[str, float]) -> list[str]:
         """Addresses ordered best first; ties broken at random (seeded by the runner)."""
+        ...
+
+
+class PickObserver(Protocol):
+    def picked(self, request: SchedulingRequest, address: str) -> None:
+        """The runner sent ``request`` to ``address`` (a stateful scorer learns from it)."""
         ...
 
 

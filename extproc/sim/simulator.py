@@ -19,6 +19,7 @@ import orjson
 from aiohttp import web
 
 from ..errors import RoutingError
+from ..prompt import render_entries, render_prompt
 from ..request import parse_request
 from ..types import API_PATHS, Api, RequestSummary
 from .config import SimConfig
@@ -26,7 +27,6 @@ from .formats import FORMATS
 from .metrics import SimMetrics
 from .oracle import ContinuityOracle
 from .prefix_cache import PrefixCache, tokenize
-from .prompt import render_entries, render_prompt
 from .reply import Reply, build_reply
 
 _SECRET_HEADERS = frozenset({"authorization", "x-api-key", "proxy-authorization"})

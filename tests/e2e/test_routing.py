@@ -106,10 +106,12 @@ def test_non_llm_paths_pass_through(stack):
 @pytest.mark.parametrize(
     ("path", "content", "status", "check"),
     [
-        ("/v1/chat/completions", b"{not json", 400, lambda j: j["error"]["code"] == "malformed_request"),
+        ("/v1/chat/completions", b"{not json", 400,
+         lambda j: j["error"]["code"] == "malformed_request"),
         ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}]}', 400,
          lambda j: j["error"]["code"] == "missing_model"),
-        ("/v1/chat/completions", b'{"model": "gpt-17", "messages": [{"role": "user", "content": "x"}]}', 404,
+        ("/v1/chat/completions",
+         b'{"model": "gpt-17", "messages": [{"role": "user", "content": "x"}]}', 404,
          lambda j: j["error"]["code"] == "model_not_found"),
         ("/v1/messages", b"{not json", 400,
          lambda j: j["type"] == "error" and j["error"]["type"] == "invalid_request_error"),
