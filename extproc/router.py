@@ -25,6 +25,7 @@ from .metrics import Metrics
 from .replay import JsonlSink, ReplayStore
 from .request import parse_request
 from .saar import RoutingDecision, SaarEngine
+from .selection import Selector
 from .types import API_PATHS, Action, Api, Clock, RequestSummary, ResponseSummary, SessionIdentity
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
@@ -60,7 +61,14 @@ class _Pending:
 
 
 class Router:
-    def __init__(self, config: Config, *, clock: Clock = time.time, metrics: Metrics | None = None):
+    def __init__(
+        self,
+        config: Config,
+        *,
+        clock: Clock = time.time,
+        metrics: Metrics | None = None,
+        selector: Selector | None = None,
+    ) -> None:
         self.config = config
         self.clock = clock
         self.metrics = metrics or Metrics()
@@ -80,7 +88,7 @@ class Router:
             failure_threshold=config.health.failure_threshold,
             cooldown=config.health.cooldown_seconds,
         )
-        self.engine = SaarEngine(config, self.memory, self.health, clock=clock)
+        self.engine = SaarEngine(config, self.memory, self.health, clock=clock, selector=selector)
         sink = JsonlSink(config.replay.jsonl_path) if config.replay.jsonl_path else None
         self.replay = ReplayStore(config.replay.capacity, sink)
         self._pending: TTLCache[str, _Pending] = TTLCache(

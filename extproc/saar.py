@@ -160,7 +160,7 @@ class SaarEngine:
         timeout = knobs.idle_timeout_seconds
         if knobs.idle_reset and timeout > 0 and idle > timeout:
             return "idle"
-        if knobs.decision_drift_reset and base.decision != state.decision:
+        if knobs.decision_drift_reset and base.topical and base.decision != state.decision:
             return "drift"
         return None
 

@@ -1,11 +1,11 @@
 """Base selection: the per-request choice that SAAR wraps.
 
 Signals from the request pick the highest-priority matching decision; its candidate models are
-then ranked by the ``hybrid`` method, which trades quality fit for the turn's difficulty against
-price. A turn that matches no rule carries no evidence of a new task, so it inherits the
+then ranked by the ``hybrid`` method, which trades quality fit for the decision's difficulty
+against price. A turn that matches no rule carries no evidence of a new task, so it inherits the
 session's decision (``default``) instead of falling to the catch-all one: a bare "continue" is not
-drift; and such a short follow-up ("continue", "fix it") is easier than the decision's typical
-turn. The selector is one object
+drift. A match on content (keywords, regex) is ``topical``: only that says the task changed; a
+match on size, tools, API or headers says the request changed shape. The selector is one object
 with one method so a classifier can replace it.
 """
 
@@ -24,8 +24,6 @@ PRICE_WEIGHT = 0.35
 
 UNDERQUALIFIED_PENALTY = 2.0
 OVERQUALIFIED_PENALTY = 0.25
-SHORT_FOLLOW_UP_CHARS = 48
-FOLLOW_UP_DIFFICULTY_FACTOR = 0.8
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +35,8 @@ class BaseChoice:
     confidence: float
     matched: bool = True
     """False when no rule matched and the default decision was used."""
+    topical: bool = False
+    """True when the decision matched on content (keywords or regex)."""
 
 
 class Selector(Protocol):
@@ -85,20 +85,19 @@ class HybridSelector:
         if decision is None:
             decision = self._by_name.get(default or "", self._fallback)
         difficulty = decision.difficulty
-        short = 0 < len(request.latest_user_text) <= SHORT_FOLLOW_UP_CHARS
-        if short and not matched:
-            difficulty *= FOLLOW_UP_DIFFICULTY_FACTOR
+        rules = decision.rules
+        topical = matched and bool(rules.keywords or rules.regex)
         names = [ref.model for ref in decision.modelRefs]
         scores = hybrid_scores({n: self._models[n] for n in names}, difficulty)
         ranked = sorted(scores.values(), reverse=True)
         margin = ranked[0] - ranked[1] if len(ranked) > 1 else 1.0
         best = max(names, key=lambda n: scores[n])
         confidence = min(1.0, 0.5 + margin)
-        return BaseChoice(decision.name, best, scores, difficulty, confidence, matched)
+        return BaseChoice(decision.name, best, scores, difficulty, confidence, matched, topical)
 
     def match(self, request: RequestSummary, headers: Mapping[str, str]) -> Decision | None:
         """The highest-priority decision whose rules the request meets; rule-less ones excluded."""
-        text = request.latest_user_text.lower()
+        text = request.latest_text.lower()
         for compiled in self._decisions:
             if compiled.has_rules and _matches(compiled, request, headers, text):
                 return compiled.decision
@@ -111,7 +110,7 @@ def _matches(
     rules = compiled.decision.rules
     if compiled.keywords and not any(k in text for k in compiled.keywords):
         return False
-    if compiled.patterns and not any(p.search(request.latest_user_text) for p in compiled.patterns):
+    if compiled.patterns and not any(p.search(request.latest_text) for p in compiled.patterns):
         return False
     if rules.min_context_tokens and request.context_tokens < rules.min_context_tokens:
         return False

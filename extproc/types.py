@@ -93,7 +93,7 @@ class RequestSummary:
     tool_result_ids: tuple[str, ...] = ()
     previous_response_id: str | None = None
     provider_state: tuple[str, ...] = ()
-    latest_user_text: str = ""
+    latest_text: str = ""
     body: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property

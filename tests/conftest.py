@@ -37,3 +37,20 @@ def example_data() -> dict:
 @pytest.fixture
 def config(example_data: dict) -> Config:
     return parse_config(example_data, source=str(EXAMPLE_CONFIG))
+
+
+def session_config_data() -> dict:
+    """The example config where "summarise" is a task of its own (the cheap tier's), so tests
+    can cross a drift boundary; a rule-less catch-all takes the rest."""
+    data = yaml.safe_load(EXAMPLE_CONFIG.read_text())
+    decisions = data["routing"]["decisions"]
+    next(d for d in decisions if d["name"] == "agentic_routing")["rules"] = {
+        "keywords": ["summarise"]}
+    decisions.append({"name": "general", "difficulty": 0.4,
+                      "modelRefs": [{"model": "qwen3-8b"}, {"model": "qwen3-32b"}]})
+    return data
+
+
+@pytest.fixture
+def session_config() -> Config:
+    return parse_config(session_config_data(), source="session-config")

@@ -10,7 +10,7 @@ from tests.conftest import EXAMPLE_CONFIG
 
 def test_example_loads_with_article_block_as_written():
     config = load_config(EXAMPLE_CONFIG)
-    article = config.routing.decisions[1]
+    article = next(d for d in config.routing.decisions if d.name == "agentic_routing")
     assert article.name == "agentic_routing"
     assert [r.model for r in article.modelRefs] == ["qwen3-8b", "qwen3-32b"]
     knobs = article.algorithm.session_aware
@@ -27,9 +27,9 @@ def test_example_loads_with_article_block_as_written():
         (lambda d: d["routing"]["decisions"][0].update(modelrefs=[]), "unknown key"),
         (lambda d: d["routing"]["decisions"][0]["modelRefs"].append({"model": "gpt-9"}),
          "routing.decisions[0].modelRefs[2].model: unknown model 'gpt-9'"),
-        (lambda d: d["routing"]["decisions"][1]["algorithm"]["session_aware"].update(
+        (lambda d: d["routing"]["decisions"][2]["algorithm"]["session_aware"].update(
             idle_timeout_seconds="soon"),
-         "routing.decisions[1].algorithm.session_aware.idle_timeout_seconds: expected a number"),
+         "routing.decisions[2].algorithm.session_aware.idle_timeout_seconds: expected a number"),
         (lambda d: d["models"]["qwen3-8b"].pop("cluster"),
          "models.qwen3-8b.cluster: required key is missing"),
         (lambda d: d["routing"]["decisions"][0]["rules"].update(regex=["(unclosed"]),

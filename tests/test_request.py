@@ -30,9 +30,18 @@ def test_chat_newest_tool_results_only():
     assert s.tool_result_ids == ("c1", "c2")
     assert s.tool_call_ids == ("old", "c1", "c2")
     assert s.tools_offered == ("grep",)
-    assert s.latest_user_text == "now fix it"
+    assert s.latest_text == "a\nb"  # the newest turn is the tool output
     assert s.message_count == 7
     assert not s.has_provider_state
+
+
+def test_latest_text_is_the_users_message_without_tool_results():
+    body = {"model": "auto", "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "first"}]},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "second"},
+    ]}
+    assert parse(Api.CHAT, body).latest_text == "second"
 
 
 def test_chat_answered_history_is_not_an_open_loop():
@@ -67,7 +76,7 @@ def test_responses_provider_state_and_outputs():
 
 def test_responses_string_input():
     s = parse(Api.RESPONSES, {"model": "auto", "input": "hello there"})
-    assert s.latest_user_text == "hello there"
+    assert s.latest_text == "hello there"
     assert s.message_count == 1
 
 
@@ -90,15 +99,15 @@ def test_anthropic_tool_result_and_signed_thinking():
     s = parse(Api.MESSAGES, body)
     assert s.tool_result_ids == ("toolu_1",)
     assert s.provider_state == (fingerprint("thinking", "sig"),)
-    assert s.latest_user_text == "debug this"
+    assert s.latest_text == ""  # the newest turn is a tool result without text
 
 
 def test_context_estimate_grows_with_text():
     small = parse(Api.CHAT, {"model": "m", "messages": [{"role": "user", "content": "x" * 400}]})
     big = parse(Api.CHAT, {"model": "m", "messages": [{"role": "user", "content": "x" * 4000}]})
-    # Every string counts, the role included: 400 + len("user") characters at 4 per token.
-    assert small.context_tokens == 101
-    assert big.context_tokens == 1001
+    # The raw body at 4 characters per token, JSON punctuation included.
+    assert small.context_tokens == (400 + 53) // 4
+    assert big.context_tokens == (4000 + 53) // 4
 
 
 @pytest.mark.parametrize(

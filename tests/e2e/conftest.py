@@ -9,24 +9,18 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import yaml
 
 from extproc.harness import Stack, run_stack
-from tests.conftest import EXAMPLE_CONFIG
+from tests.conftest import session_config_data
 
 IDLE_TIMEOUT = 2
 
 
 def e2e_config() -> dict[str, Any]:
-    config = yaml.safe_load(EXAMPLE_CONFIG.read_text())
+    config = session_config_data()
     for decision in config["routing"]["decisions"]:
-        decision["algorithm"]["session_aware"]["idle_timeout_seconds"] = IDLE_TIMEOUT
-    # A "summarise" turn is a different task: lets the tests cross a drift boundary.
-    config["routing"]["decisions"][1]["rules"] = {"keywords": ["summarise"]}
-    config["routing"]["decisions"].append({
-        "name": "general", "difficulty": 0.4,
-        "modelRefs": [{"model": "qwen3-8b"}, {"model": "qwen3-32b"}],
-    })
+        aware = decision.setdefault("algorithm", {}).setdefault("session_aware", {})
+        aware["idle_timeout_seconds"] = IDLE_TIMEOUT
     config["limits"]["max_body_bytes"] = 1 << 20
     config["health"] = {"failure_threshold": 3, "cooldown_seconds": 1}
     return config
