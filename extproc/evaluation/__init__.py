@@ -1,0 +1,1 @@
+"""The deterministic policy matrix of the SAAR article, run through the live ``Router``."""
