@@ -2,5 +2,55 @@
 
 SAAR picks the model; this package picks the worker (a model server) that serves it, in the
 Gateway API Inference Extension shape: filters, weighted scorers and a picker, run by one
-``Scheduler`` that times and contains each plugin. Everything here is pure and synchronous.
+``Scheduler`` that times and contains each plugin. Everything here is pure and synchronous
+(the precise index's ZMQ subscriber in ``kv_events`` is the one I/O piece, imported from there).
 """
+
+from .admission import AdmissionController, AdmissionTick
+from .affinity import SessionAffinityScorer
+from .cost import DynamoCost
+from .filters import HealthyFilter, SubsetFilter
+from .picker import MaxScorePicker
+from .prefix_index import ApproximatePrefixIndex
+from .scheduler import Scheduler, from_config
+from .scorers import KvUtilizationScorer, PrefixScorer, QueueScorer
+from .signals import Signals, parse_metrics
+from .types import (
+    Filter,
+    Picker,
+    PickObserver,
+    PrefixIndex,
+    ScheduleResult,
+    SchedulingRequest,
+    Scorer,
+    Worker,
+)
+from .workers import WorkerRegistry, load_workers_file
+
+__all__ = [
+    "AdmissionController",
+    "AdmissionTick",
+    "ApproximatePrefixIndex",
+    "DynamoCost",
+    "Filter",
+    "HealthyFilter",
+    "KvUtilizationScorer",
+    "MaxScorePicker",
+    "PickObserver",
+    "Picker",
+    "PrefixIndex",
+    "PrefixScorer",
+    "QueueScorer",
+    "ScheduleResult",
+    "Scheduler",
+    "SchedulingRequest",
+    "Scorer",
+    "SessionAffinityScorer",
+    "Signals",
+    "SubsetFilter",
+    "Worker",
+    "WorkerRegistry",
+    "from_config",
+    "load_workers_file",
+    "parse_metrics",
+]

@@ -64,6 +64,8 @@ class ScheduleResult:
     """plugin name → seconds it took, for the metrics."""
     failed: tuple[str, ...] = ()
     """Plugins that raised this time (contained: a scorer counts as 0, a filter as a no-op)."""
+    shed: bool = False
+    """Every candidate's queue is over ``max_waiting_per_worker``: answer 429, not 503."""
 
 
 class Filter(Protocol):

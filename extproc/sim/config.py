@@ -33,6 +33,11 @@ class SimConfig:
     time_scale: float = 1.0
     """Multiplies every simulated delay; 0 answers without sleeping."""
     max_body_bytes: int = 32 * 1024 * 1024
+    tokenizer: str | None = None
+    """Path of a ``tokenizer.json``: the prefix cache then works on real token ids."""
+    kv_events_endpoint: str | None = None
+    """ZMQ endpoint to bind a PUB socket on and publish vLLM KV events (needs ``tokenizer``)."""
+    kv_events_topic: str = "kv-events"
 
     def __post_init__(self) -> None:
         if not self.instance_id:
@@ -44,6 +49,8 @@ class SimConfig:
             raise ValueError("block_size, num_gpu_blocks, max_num_seqs, max_model_len must be >= 1")
         if min(self.prefill_tokens_per_s, self.decode_tokens_per_s) <= 0 or self.time_scale < 0:
             raise ValueError("token rates must be positive and time_scale non-negative")
+        if self.kv_events_endpoint and not self.tokenizer:
+            raise ValueError("kv_events_endpoint needs a tokenizer: events carry token ids")
 
     @property
     def served_names(self) -> tuple[str, ...]:
@@ -81,3 +88,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-tokens", type=int, default=d.output_tokens)
     parser.add_argument("--fail-every", type=int, default=d.fail_every, metavar="N")
     parser.add_argument("--time-scale", type=float, default=d.time_scale)
+    parser.add_argument("--tokenizer", metavar="PATH", help="tokenizer.json for real token ids")
+    parser.add_argument(
+        "--kv-events-endpoint",
+        metavar="ENDPOINT",
+        help="bind a ZMQ PUB socket here (e.g. tcp://127.0.0.1:5557) and publish vLLM KV events",
+    )
+    parser.add_argument("--kv-events-topic", default=d.kv_events_topic)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -21,9 +21,11 @@ from aiohttp import web
 from ..errors import RoutingError
 from ..prompt import render_entries, render_prompt
 from ..request import parse_request
+from ..tokenizer import Tokenizer
 from ..types import API_PATHS, Api, RequestSummary
 from .config import SimConfig
 from .formats import FORMATS
+from .kv_publisher import KVEventPublisher
 from .metrics import SimMetrics
 from .oracle import ContinuityOracle
 from .prefix_cache import PrefixCache, tokenize
@@ -38,14 +40,15 @@ class Prompt:
 
     history: str
     new: str
+    encode: Callable[[str], Sequence[str] | Sequence[int]]
 
     @property
     def text(self) -> str:
         return self.history + self.new
 
     @cached_property
-    def tokens(self) -> list[str]:
-        return tokenize(self.text)
+    def tokens(self) -> Sequence[str] | Sequence[int]:
+        return self.encode(self.text)
 
 
 class Simulator:
@@ -53,7 +56,17 @@ class Simulator:
 
     def __init__(self, cfg: SimConfig) -> None:
         self.cfg = cfg
-        self.cache = PrefixCache(block_size=cfg.block_size, num_gpu_blocks=cfg.num_gpu_blocks)
+        self.encode: Callable[[str], Sequence[str] | Sequence[int]] = (
+            Tokenizer(cfg.tokenizer).encode if cfg.tokenizer else tokenize
+        )
+        self.kv_events = (
+            KVEventPublisher(cfg.kv_events_endpoint, cfg.kv_events_topic, block_size=cfg.block_size)
+            if cfg.kv_events_endpoint
+            else None
+        )
+        self.cache = PrefixCache(
+            block_size=cfg.block_size, num_gpu_blocks=cfg.num_gpu_blocks, listener=self.kv_events
+        )
         self.oracle = ContinuityOracle(cfg.instance_id)
         self.metrics = SimMetrics(
             model=cfg.model, block_size=cfg.block_size, num_gpu_blocks=cfg.num_gpu_blocks
@@ -100,7 +113,9 @@ class Simulator:
                 headers=headers,
             )
         prompt = Prompt(
-            self.oracle.transcript(summary.previous_response_id), render_prompt(summary)
+            self.oracle.transcript(summary.previous_response_id),
+            render_prompt(summary),
+            self.encode,
         )
         if len(prompt.tokens) > self.cfg.max_model_len:
             message = (
@@ -165,7 +180,7 @@ class Simulator:
         """Remember the turn: output blocks join the cache (as vLLM's do) and Responses ids
         become resumable."""
         reply_text = render_entries(api, FORMATS[api].history(reply))
-        self.cache.lookup_and_insert(tokenize(prompt.text + reply_text))
+        self.cache.lookup_and_insert(self.encode(prompt.text + reply_text))
         if api is Api.RESPONSES:
             turn_text = prompt.new + reply_text
             self.oracle.record_response(reply.id, summary.previous_response_id, turn_text)
@@ -225,6 +240,11 @@ class Simulator:
         self.last_request_headers = {}
         self.fail_next = 0
         self.fail_every = self.cfg.fail_every
+
+    def close(self) -> None:
+        """Release the KV-event socket when the app shuts down."""
+        if self.kv_events is not None:
+            self.kv_events.close()
 
     def state(self) -> dict[str, Any]:
         return {

@@ -1,0 +1,204 @@
+"""Session-aware admission, the ThunderAgent scheduler as ported to Dynamo (REFERENCE section 4).
+
+A program (an agent session) is REASONING while a turn is in flight and ACTING between turns
+(the agent is running tools), and ACTIVE or PAUSED. Its weight is the KV its context occupies:
+prompt + completion of its last turn plus a fixed buffer. Per worker, U = the active programs'
+tokens (ACTING ones weighted) / the worker's KV capacity. Every tick, an oversubscribed worker
+pauses its smallest ACTING programs (their KV can be evicted while their tools run; the next turn
+is held), demotes everyone in the band just below, and a worker with room resumes its smallest
+paused programs first (bin packing). No turn in flight is ever pre-empted: when only REASONING
+programs are left to pause, the smallest is paused at its next tool boundary instead.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..config import Admission
+from ..types import Clock
+from .types import Worker
+
+
+@dataclass(slots=True)
+class _Program:
+    key: str
+    worker: str
+    tokens: int
+    reasoning: bool
+    last_seen: float
+    paused_at: float | None = None
+    pause_at_boundary: bool = False
+    resumed: bool = False
+    """Resumed and not yet started its next turn: that turn gets the resume priority."""
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionTick:
+    """What one tick changed: the server wakes held requests of ``resumed`` sessions."""
+
+    paused: tuple[str, ...] = ()
+    resumed: tuple[str, ...] = ()
+
+
+class AdmissionController:
+    def __init__(
+        self, config: Admission, *, clock: Clock, idle_ttl_seconds: float = 3600.0
+    ) -> None:
+        self.config = config
+        self._clock = clock
+        self._ttl = idle_ttl_seconds
+        self._programs: dict[str, _Program] = {}
+        self._capacity: dict[str, int] = {}
+        self._demoted: set[str] = set()
+
+    def turn_started(self, session_key: str | None, worker: str, prompt_tokens: int) -> None:
+        """A turn was admitted to ``worker``: the program is REASONING and ACTIVE (admitting a
+        held turn anyway, e.g. after the hold timed out, resumes it)."""
+        if session_key is None:
+            return
+        program = self._programs.get(session_key)
+        tokens = prompt_tokens + self.config.buffer_tokens
+        if program is None:
+            self._programs[session_key] = _Program(session_key, worker, tokens, True, self._clock())
+            return
+        program.worker, program.reasoning, program.last_seen = worker, True, self._clock()
+        program.tokens = max(program.tokens, tokens)
+        program.paused_at, program.resumed = None, False
+
+    def turn_finished(
+        self, session_key: str | None, worker: str, prompt_tokens: int, completion_tokens: int
+    ) -> None:
+        """The response ended (a tool boundary): the program is ACTING, weighing what the
+        response's usage says its context now is."""
+        if session_key is None:
+            return
+        now = self._clock()
+        tokens = prompt_tokens + completion_tokens + self.config.buffer_tokens
+        program = self._programs.setdefault(
+            session_key, _Program(session_key, worker, tokens, False, now)
+        )
+        program.worker, program.tokens, program.reasoning, program.last_seen = (
+            worker, tokens, False, now
+        )
+        if program.pause_at_boundary:
+            program.pause_at_boundary, program.paused_at = False, now
+
+    def release(self, session_key: str | None) -> None:
+        """The session ended (``x-dynamo-session-final``): forget it."""
+        if session_key is not None:
+            self._programs.pop(session_key, None)
+
+    def is_paused(self, session_key: str | None) -> bool:
+        program = None if session_key is None else self._programs.get(session_key)
+        return program is not None and program.paused_at is not None
+
+    def priority(self, session_key: str | None) -> float:
+        """Seconds to move this session's next request up (+) or down (-) a wait queue."""
+        program = None if session_key is None else self._programs.get(session_key)
+        if program is None:
+            return 0.0
+        if program.resumed:
+            return self.config.resume_priority
+        return self.config.demote_priority if program.worker in self._demoted else 0.0
+
+    def utilization(self, worker_address: str) -> float:
+        """U of the worker (0 while its KV capacity is unknown)."""
+        capacity = self._capacity.get(worker_address)
+        if not capacity:
+            return 0.0
+        active = (p for p in self._programs.values() if p.worker == worker_address)
+        return sum(self._weight(p) for p in active if p.paused_at is None) / capacity
+
+    def paused_count(self) -> int:
+        return sum(p.paused_at is not None for p in self._programs.values())
+
+    def __len__(self) -> int:
+        return len(self._programs)
+
+    def tick(self, workers: Sequence[Worker]) -> AdmissionTick:
+        """One control step over ``workers`` (every ``tick_seconds``, for one pool or all); a
+        no-op when disabled. Workers that have not reported their KV capacity are skipped."""
+        if not self.config.enabled:
+            return AdmissionTick()
+        now = self._clock()
+        self._drop_idle(now)
+        by_worker: dict[str, list[_Program]] = defaultdict(list)
+        for program in self._programs.values():
+            by_worker[program.worker].append(program)
+        paused: list[_Program] = []
+        resumed: list[_Program] = []
+        for worker in workers:
+            capacity = worker.capacity_tokens
+            if not capacity:
+                continue
+            self._capacity[worker.address] = capacity
+            self._demoted.discard(worker.address)
+            programs = by_worker.get(worker.address, [])
+            resumed += self._force_resume(programs, now)
+            used = sum(self._weight(p) for p in programs if p.paused_at is None)
+            if used >= self.config.pause_threshold * capacity:
+                paused += self._pause(programs, used, capacity, now)
+                continue
+            for program in programs:
+                program.pause_at_boundary = False
+            if used >= self.config.demote_threshold * capacity:
+                self._demoted.add(worker.address)
+            resumed += self._resume(programs, used, capacity)
+        return AdmissionTick(tuple(p.key for p in paused), tuple(p.key for p in resumed))
+
+    def _pause(
+        self, programs: list[_Program], used: float, capacity: int, now: float
+    ) -> list[_Program]:
+        """Smallest ACTING first until U <= resume_target (never one just resumed, which would
+        starve it); if REASONING programs alone keep U above that, the smallest of them is
+        paused at its tool boundary."""
+        target = self.config.resume_target * capacity
+        acting = (p for p in programs if not p.reasoning and p.paused_at is None and not p.resumed)
+        paused: list[_Program] = []
+        for program in sorted(acting, key=_size):
+            if used <= target:
+                return paused
+            used -= self._weight(program)
+            program.paused_at = now
+            paused.append(program)
+        reasoning = [p for p in programs if p.reasoning]
+        if used > target and reasoning:
+            min(reasoning, key=_size).pause_at_boundary = True
+        return paused
+
+    def _resume(self, programs: list[_Program], used: float, capacity: int) -> list[_Program]:
+        """Paused programs smallest first while each still fits under U <= pause_threshold -
+        hysteresis (below the pause line, so the loop does not flap at it)."""
+        limit = (self.config.pause_threshold - self.config.hysteresis) * capacity
+        resumed: list[_Program] = []
+        for program in sorted((p for p in programs if p.paused_at is not None), key=_size):
+            used += self._weight(program)
+            if used > limit:
+                break
+            resumed.append(self._wake(program))
+        return resumed
+
+    def _force_resume(self, programs: list[_Program], now: float) -> list[_Program]:
+        """Programs paused for ``forced_resume_seconds`` resume whatever U is: none starves."""
+        cap = self.config.forced_resume_seconds
+        return [self._wake(p) for p in programs
+                if p.paused_at is not None and now - p.paused_at >= cap]
+
+    def _drop_idle(self, now: float) -> None:
+        idle = [k for k, p in self._programs.items() if now - p.last_seen > self._ttl]
+        for key in idle:
+            del self._programs[key]
+
+    @staticmethod
+    def _wake(program: _Program) -> _Program:
+        program.paused_at, program.resumed = None, True
+        return program
+
+    def _weight(self, program: _Program) -> float:
+        return program.tokens * (1.0 if program.reasoning else self.config.acting_weight)
+
+
+def _size(program: _Program) -> int:
+    return program.tokens

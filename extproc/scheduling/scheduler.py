@@ -1,0 +1,165 @@
+"""The runner: filters, then weighted scorers (or Dynamo's cost), then the picker, for the
+workers of one model's pool. It times every plugin and contains its failures (a raising filter
+is skipped, a raising scorer scores 0), so one bad plugin degrades a pick but never fails it.
+After the pick the prefix index and the pick observers learn where the request went."""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from ..config import Scheduling
+from .affinity import SessionAffinityScorer
+from .cost import DynamoCost
+from .filters import HealthyFilter, SubsetFilter
+from .picker import MaxScorePicker
+from .scorers import KvUtilizationScorer, PrefixScorer, QueueScorer
+from .types import (
+    Filter,
+    Picker,
+    PickObserver,
+    PrefixIndex,
+    ScheduleResult,
+    SchedulingRequest,
+    Scorer,
+    Worker,
+)
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class Scheduler:
+    def __init__(
+        self,
+        scorers: Sequence[tuple[Scorer, float]],
+        picker: Picker,
+        filters: Sequence[Filter],
+        index: PrefixIndex,
+        *,
+        cost: DynamoCost | None = None,
+        observers: Sequence[PickObserver] = (),
+        max_waiting: int = 0,
+        timer: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        """``cost`` switches to Dynamo's cost form (scorers then unused); ``max_waiting`` > 0
+        sheds a request when every candidate has more waiting requests than that."""
+        self.scorers = tuple(scorers)
+        self.picker = picker
+        self.filters = tuple(filters)
+        self.index = index
+        self.cost = cost
+        self.observers = tuple(observers)
+        self.max_waiting = max_waiting
+        self._timer = timer
+
+    def schedule(self, request: SchedulingRequest, workers: Sequence[Worker]) -> ScheduleResult:
+        run = _Run(self._timer)
+        candidates = list(workers)
+        for f in self.filters:
+            candidates = run(f.name, candidates, f.filter, request, candidates)
+        if not candidates or (
+            self.max_waiting and all(w.waiting > self.max_waiting for w in candidates)
+        ):
+            return ScheduleResult(
+                (), durations=run.durations, failed=tuple(run.failed), shed=bool(candidates)
+            )
+        matched = run("prefix_index", {}, self._matched, request, candidates)
+        scores: dict[str, dict[str, float]] = {}
+        if self.cost is None:
+            for scorer, _ in self.scorers:
+                scores[scorer.name] = run(scorer.name, {}, _score, scorer, request, candidates)
+            totals = {
+                w.address: sum(weight * scores[s.name].get(w.address, 0.0)
+                               for s, weight in self.scorers)
+                for w in candidates
+            }
+        else:
+            self.cost.observe(request)
+            totals = {w.address: -self.cost.cost(request, w, matched.get(w.address, 0))
+                      for w in candidates}
+        ordered = tuple(run("picker", sorted(totals), self.picker.pick, totals))
+        run("prefix_index.routed", None, self.index.routed, ordered[0], request.prompt_blocks)
+        for observer in self.observers:
+            run(f"{_name(observer)}.picked", None, observer.picked, request, ordered[0])
+        return ScheduleResult(
+            ordered,
+            scores=scores,
+            total=totals,
+            matched_blocks=matched,
+            durations=run.durations,
+            failed=tuple(run.failed),
+        )
+
+    def _matched(self, request: SchedulingRequest, workers: Sequence[Worker]) -> dict[str, int]:
+        blocks = request.prompt_blocks
+        return {w.address: self.index.matched_blocks(w.address, blocks) for w in workers}
+
+
+class _Run:
+    """Calls one plugin: times it, and on an exception logs it and answers ``fallback``."""
+
+    def __init__(self, timer: Callable[[], float]) -> None:
+        self._timer = timer
+        self.durations: dict[str, float] = {}
+        self.failed: list[str] = []
+
+    def __call__(self, name: str, fallback: T, call: Callable[..., T], *args: Any) -> T:
+        start = self._timer()
+        try:
+            return call(*args)
+        except Exception:
+            log.exception("scheduling plugin %s failed; contained", name)
+            self.failed.append(name)
+            return fallback
+        finally:
+            self.durations[name] = self._timer() - start
+
+
+def from_config(
+    config: Scheduling,
+    *,
+    index: PrefixIndex,
+    rng: random.Random,
+    max_sessions: int = 100_000,
+    timer: Callable[[], float] = time.perf_counter,
+) -> Scheduler:
+    """The scheduler ``config`` describes: the subset and healthy filters, the named scorers with
+    their weights (zero-weight ones left out; none in the Dynamo cost form), a seeded max-score
+    picker."""
+    affinity = SessionAffinityScorer(max_sessions)
+    available: dict[str, Scorer] = {
+        "prefix": PrefixScorer(index),
+        "queue": QueueScorer(),
+        "kv_utilization": KvUtilizationScorer(),
+        "session_affinity": affinity,
+    }
+    dynamo = config.cost_form == "dynamo"
+    scorers = [] if dynamo else [(available[n], w) for n, w in config.scorers.items() if w]
+    return Scheduler(
+        scorers,
+        MaxScorePicker(rng),
+        [SubsetFilter(), HealthyFilter()],
+        index,
+        cost=DynamoCost(config.overlap_weight) if dynamo else None,
+        observers=[affinity] if any(s is affinity for s, _ in scorers) else [],
+        max_waiting=config.max_waiting_per_worker,
+        timer=timer,
+    )
+
+
+def _score(
+    scorer: Scorer, request: SchedulingRequest, workers: Sequence[Worker]
+) -> dict[str, float]:
+    """The scorer's answer forced into [0, 1]; NaN counts as 0."""
+    scores = scorer.score(request, workers)
+    return {a: 0.0 if math.isnan(s) else min(max(float(s), 0.0), 1.0) for a, s in scores.items()}
+
+
+def _name(plugin: object) -> str:
+    return str(getattr(plugin, "name", type(plugin).__name__))

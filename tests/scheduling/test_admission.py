@@ -1,0 +1,178 @@
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+
+from extproc.config import Admission
+from extproc.scheduling.admission import AdmissionController, AdmissionTick
+from extproc.scheduling.types import Worker
+
+if TYPE_CHECKING:
+    from tests.conftest import FakeClock
+
+W = Worker("w", "m", block_size=16, num_blocks=625)  # 10,000 tokens of KV
+BUFFER = 100
+
+
+def controller(clock: FakeClock, **overrides: float) -> AdmissionController:
+    return AdmissionController(Admission(enabled=True, **overrides), clock=clock)  # type: ignore[arg-type]
+
+
+def acting(ac: AdmissionController, key: str, tokens: int, worker: str = "w") -> None:
+    """A program between turns whose context weighs ``tokens`` (buffer included)."""
+    ac.turn_started(key, worker, tokens - BUFFER)
+    ac.turn_finished(key, worker, tokens - BUFFER - 50, 50)
+
+
+def reasoning(ac: AdmissionController, key: str, tokens: int, worker: str = "w") -> None:
+    ac.turn_started(key, worker, tokens - BUFFER)
+
+
+def test_oversubscribed_worker_pauses_smallest_acting_down_to_the_target(
+    clock: FakeClock,
+) -> None:
+    ac = controller(clock)
+    acting(ac, "p3", 3000)
+    acting(ac, "p1", 1000)
+    acting(ac, "p2", 2000)
+    reasoning(ac, "r", 3600)
+    assert ac.utilization("w") == 0.0  # capacity unknown before the first tick
+    tick = ac.tick([W])
+    assert tick == AdmissionTick(paused=("p1", "p2"))  # 0.96 -> 0.86 -> 0.66 <= 0.80
+    assert ac.utilization("w") == pytest.approx(0.66)
+    assert [ac.is_paused(k) for k in ("p1", "p2", "p3", "r")] == [True, True, False, False]
+    assert ac.paused_count() == 2
+
+
+@pytest.mark.parametrize(
+    ("load", "paused"),
+    [(9400, ()), (9500, ("small",))],  # 0.94 is below the pause threshold, 0.95 is not
+)
+def test_pause_threshold_is_inclusive(
+    clock: FakeClock, load: int, paused: tuple[str, ...]
+) -> None:
+    ac = controller(clock)
+    acting(ac, "small", 2000)
+    reasoning(ac, "big", load - 2000)
+    assert ac.tick([W]).paused == paused
+
+
+def test_reasoning_programs_are_never_paused_mid_turn(clock: FakeClock) -> None:
+    ac = controller(clock)
+    reasoning(ac, "r1", 6000)
+    reasoning(ac, "r2", 4000)
+    assert ac.tick([W]) == AdmissionTick()
+    assert not ac.is_paused("r1") and not ac.is_paused("r2")
+    ac.turn_finished("r1", "w", 5850, 50)  # r1 is not the smallest: stays active
+    assert not ac.is_paused("r1")
+    ac.turn_finished("r2", "w", 3850, 50)  # the smallest pauses at its tool boundary
+    assert ac.is_paused("r2")
+
+
+def paused_a_and_c(ac: AdmissionController) -> None:
+    """a (1000) and c (2000) paused, 3000 of ACTING ``keep`` left on the worker."""
+    acting(ac, "keep", 3000)
+    acting(ac, "c", 2000)
+    acting(ac, "a", 1000)
+    reasoning(ac, "r", 3500)
+    assert ac.tick([W]).paused == ("a", "c")  # 0.95 -> 0.85 -> 0.65 <= 0.80
+    ac.release("r")
+
+
+@pytest.mark.parametrize(
+    ("other_load", "resumed"),
+    [
+        (4500, ("a",)),  # 3000 + 4500 + a = 8500: exactly 0.85, c would make 1.05
+        (4501, ()),  # a would take U to 0.8501
+        (0, ("a", "c")),  # 3000 + 1000 + 2000 = 0.60, smallest first
+    ],
+)
+def test_resume_smallest_first_while_it_fits_under_the_hysteresis_line(
+    clock: FakeClock, other_load: int, resumed: tuple[str, ...]
+) -> None:
+    ac = controller(clock)
+    paused_a_and_c(ac)
+    if other_load:
+        reasoning(ac, "other", other_load)
+    assert ac.tick([W]) == AdmissionTick(resumed=resumed)
+    for key in ("a", "c"):
+        assert ac.is_paused(key) is (key not in resumed)
+        assert ac.priority(key) == (1.0 if key in resumed else 0.0)
+
+
+def test_resumed_priority_lasts_until_the_next_turn(clock: FakeClock) -> None:
+    ac = controller(clock)
+    paused_a_and_c(ac)
+    ac.tick([W])
+    assert ac.priority("a") == 1.0
+    ac.turn_started("a", "w", 1000)
+    assert ac.priority("a") == 0.0
+
+
+def test_soft_demotion_in_the_band_below_the_pause_threshold(clock: FakeClock) -> None:
+    ac = controller(clock)
+    acting(ac, "x", 3900)
+    reasoning(ac, "y", 4000)
+    acting(ac, "elsewhere", 100, worker="v")
+    ac.tick([W])  # 0.79
+    assert (ac.priority("x"), ac.priority("y"), ac.priority("elsewhere")) == (0.0, 0.0, 0.0)
+    reasoning(ac, "z", 600)  # 0.85: demoted, not paused
+    assert ac.tick([W]) == AdmissionTick()
+    assert (ac.priority("x"), ac.priority("z"), ac.priority("elsewhere")) == (-2.0, -2.0, 0.0)
+    ac.release("z")
+    ac.tick([W])
+    assert ac.priority("x") == 0.0
+
+
+def test_forced_resume_after_the_cap_even_when_still_full(clock: FakeClock) -> None:
+    ac = controller(clock)
+    acting(ac, "small", 1000)
+    reasoning(ac, "hog", 9000)
+    assert ac.tick([W]).paused == ("small",)
+    clock.advance(1799)
+    reasoning(ac, "hog", 9000)  # the hog keeps working, keeps the worker full
+    assert ac.tick([W]) == AdmissionTick()
+    clock.advance(1)
+    assert ac.tick([W]) == AdmissionTick(resumed=("small",))  # not paused again this tick
+    assert not ac.is_paused("small")
+    assert ac.priority("small") == 1.0
+
+
+def test_acting_programs_weigh_acting_weight(clock: FakeClock) -> None:
+    ac = controller(clock, acting_weight=0.5)
+    acting(ac, "a", 4000)
+    reasoning(ac, "r", 2000)
+    ac.tick([W])
+    assert ac.utilization("w") == pytest.approx(0.4)
+
+
+def test_release_sessionless_and_idle_programs(clock: FakeClock) -> None:
+    ac = controller(clock)
+    acting(ac, "small", 1000)
+    reasoning(ac, "hog", 9000)
+    ac.tick([W])
+    assert ac.is_paused("small")
+    ac.release("small")  # x-dynamo-session-final
+    assert (ac.is_paused("small"), ac.paused_count()) == (False, 0)
+    ac.turn_started(None, "w", 99_999)
+    ac.turn_finished(None, "w", 99_999, 1)
+    ac.release(None)
+    assert (len(ac), ac.is_paused(None), ac.priority(None)) == (1, False, 0.0)
+    clock.advance(3601)
+    ac.tick([W])
+    assert len(ac) == 0
+
+
+def test_a_worker_without_capacity_and_a_disabled_controller_do_nothing(
+    clock: FakeClock,
+) -> None:
+    ac = controller(clock)
+    acting(ac, "a", 1000)
+    reasoning(ac, "r", 50_000)
+    assert ac.tick([Worker("w", "m")]) == AdmissionTick()
+    off = AdmissionController(Admission(enabled=False), clock=clock)
+    acting(off, "a", 1000)
+    reasoning(off, "r", 50_000)
+    assert off.tick([W]) == AdmissionTick()
+    assert not off.is_paused("a")

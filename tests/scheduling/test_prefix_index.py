@@ -1,0 +1,93 @@
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from extproc.config import PrefixIndexConfig
+from extproc.scheduling.prefix_index import ApproximatePrefixIndex
+from extproc.scheduling.types import Worker
+
+A = (1, 2, 3, 4)
+B = (1, 2, 30, 40)  # shares A's first two blocks
+
+
+@pytest.mark.parametrize(
+    ("routed", "query", "expected"),
+    [
+        ([], A, 0),
+        ([A], A, 4),
+        ([A], A[:2], 2),
+        ([A], (*A, 5, 6), 4),
+        ([A], B, 2),
+        ([A], (9, 10), 0),
+        ([A, B], B, 4),
+        ([A], (), 0),
+    ],
+)
+def test_matched_blocks_is_the_longest_held_prefix(
+    routed: list[tuple[int, ...]], query: tuple[int, ...], expected: int
+) -> None:
+    index = ApproximatePrefixIndex()
+    for blocks in routed:
+        index.routed("w1", blocks)
+    assert index.matched_blocks("w1", query) == expected
+    assert index.matched_blocks("w2", query) == 0
+
+
+def test_lru_evicts_tails_before_heads() -> None:
+    index = ApproximatePrefixIndex(default_capacity_blocks=4)
+    index.routed("w", A)
+    index.routed("w", B)  # touches 1, 2 again and adds 30, 40: 3, 4 are the oldest
+    assert index.held("w") == 4
+    assert index.matched_blocks("w", A) == 2
+    assert index.matched_blocks("w", B) == 4
+
+
+def test_a_prompt_longer_than_the_capacity_keeps_its_head() -> None:
+    index = ApproximatePrefixIndex(default_capacity_blocks=3)
+    index.routed("w", (1, 2, 3, 4, 5))
+    assert index.matched_blocks("w", (1, 2, 3, 4, 5)) == 3
+
+
+def test_binary_search_agrees_with_a_linear_scan_under_random_traffic() -> None:
+    rng = random.Random(7)
+    index = ApproximatePrefixIndex(default_capacity_blocks=50)
+    prompts = [tuple(rng.sample(range(10_000), 20)) for _ in range(5)]
+    for _ in range(300):
+        base = rng.choice(prompts)
+        prompt = base[: rng.randint(1, 20)] + tuple(rng.sample(range(10_000, 20_000), 3))
+        if rng.random() < 0.5:
+            index.routed("w", prompt)
+        held = index._blocks.get("w", {})
+        linear = next((i for i, b in enumerate(prompt) if b not in held), len(prompt))
+        assert index.matched_blocks("w", prompt) == linear
+
+
+@pytest.mark.parametrize(
+    ("num_blocks", "block_size", "expected"),
+    [(None, 16, 100), (2048, 16, 2048), (1000, 1, 62)],  # tokens * 4 chars / 64 chars
+)
+def test_capacity_follows_the_reported_kv_cache(
+    num_blocks: int | None, block_size: int, expected: int
+) -> None:
+    index = ApproximatePrefixIndex(chars_per_block=64, default_capacity_blocks=100)
+    index.resize(Worker("w", "m", num_blocks=num_blocks, block_size=block_size))
+    assert index.capacity("w") == expected
+
+
+def test_shrinking_evicts_and_forget_drops_a_worker() -> None:
+    index = ApproximatePrefixIndex(default_capacity_blocks=10)
+    index.routed("w", (1, 2, 3, 4, 5, 6))
+    index.resize(Worker("w", "m", num_blocks=4, block_size=16))  # 4*16*4/64 = 4 blocks
+    assert index.matched_blocks("w", (1, 2, 3, 4, 5, 6)) == 4
+    index.forget("w")
+    assert index.held("w") == 0
+    assert index.capacity("w") == 10
+
+
+def test_from_config() -> None:
+    index = ApproximatePrefixIndex.from_config(
+        PrefixIndexConfig(chars_per_block=32, default_capacity_blocks=7)
+    )
+    assert (index.chars_per_block, index.capacity("any")) == (32, 7)

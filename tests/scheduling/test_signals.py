@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+import pytest
+
+from extproc.scheduling.signals import Signals, parse_metrics
+from extproc.sim.metrics import SimMetrics
+
+SGLANG = """\
+# HELP sglang:num_running_reqs The number of running requests.
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{model_name="qwen",engine_type="unified"} 5.0
+# HELP sglang:num_queue_reqs The number of requests in the waiting queue.
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{model_name="qwen",engine_type="unified"} 7.0
+# HELP sglang:token_usage The token usage.
+# TYPE sglang:token_usage gauge
+sglang:token_usage{model_name="qwen",engine_type="unified"} 0.42
+# HELP sglang:max_total_num_tokens Maximum total number of tokens
+# TYPE sglang:max_total_num_tokens gauge
+sglang:max_total_num_tokens{model_name="qwen"} 161721.0
+# HELP sglang:time_to_first_token_seconds Histogram of time to first token in seconds.
+# TYPE sglang:time_to_first_token_seconds histogram
+sglang:time_to_first_token_seconds_bucket{le="0.1",model_name="qwen"} 3.0
+sglang:time_to_first_token_seconds_sum{model_name="qwen"} 0.3
+sglang:time_to_first_token_seconds_count{model_name="qwen"} 3.0
+"""
+
+OLD_VLLM = """\
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="a"} 1.0
+vllm:num_requests_running{model_name="b"} 2.0
+vllm:gpu_cache_usage_perc{model_name="a"} 0.3
+vllm:gpu_cache_usage_perc{model_name="b"} 0.6
+"""
+
+
+def sim_page() -> str:
+    metrics = SimMetrics(model="m", block_size=16, num_gpu_blocks=2048)
+    metrics.running.set(3)
+    metrics.waiting.set(2)
+    metrics.kv_cache_usage.set(0.25)
+    return metrics.render().decode()
+
+
+@pytest.mark.parametrize(
+    ("page", "expected"),
+    [
+        (sim_page(), Signals(running=3, waiting=2, kv_usage=0.25, block_size=16, num_blocks=2048)),
+        (SGLANG, Signals(running=5, waiting=7, kv_usage=0.42, block_size=1, num_blocks=161721)),
+        (OLD_VLLM, Signals(running=3, kv_usage=0.6)),
+        ("", Signals()),
+        ("vllm:kv_cache_usage_perc 1.7\n", Signals(kv_usage=1.0)),
+        ('vllm:cache_config_info{block_size="x"} 1\n', Signals()),
+    ],
+    ids=["vllm-sim", "sglang", "old-vllm-two-models", "empty", "usage-clamped", "bad-label"],
+)
+def test_parse_metrics(page: str, expected: Signals) -> None:
+    assert parse_metrics(page) == expected
+
+
+def test_a_malformed_page_raises_value_error() -> None:
+    with pytest.raises(ValueError):
+        parse_metrics("vllm:num_requests_running{model_name= 1\n")
