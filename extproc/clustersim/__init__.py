@@ -1,0 +1,6 @@
+"""A discrete-event simulation of a worker pool serving agentic sessions.
+
+It runs the same scheduling objects as the server (``extproc.scheduling``: the ``Scheduler``
+and session-aware ``Admission``) against simulated vLLM-like workers in virtual time, so routing
+and admission policies can be compared on minutes of agent traffic in seconds of CPU.
+"""

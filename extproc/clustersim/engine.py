@@ -1,0 +1,165 @@
+"""One simulated vLLM-like worker: a waiting queue, a running batch and a KV pool.
+
+Time advances in macro-steps of a few engine iterations (continuous batching with chunked
+prefill): each iteration decodes one token for every running request past its prefill and
+spends up to ``chunk_tokens`` on prefill. Prefill cost is per uncached prompt token, growing
+with context (attention); decode cost per iteration grows with batch size and with the KV the
+batch reads. A request enters the batch only if its whole KV (prompt and output) fits beside
+the running ones; cached blocks of finished requests fill the rest of the pool, LRU-evicted.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .blocks import BlockCache
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Timing of one worker; defaults are in the range of a large MoE model on a TP4 H100 node."""
+
+    prefill_s_per_token: float = 1 / 16000
+    prefill_s_per_token_ctx: float = 1 / 16000 / 65536
+    """Attention: a prompt token at 64k context costs twice one at the start."""
+    decode_base_s: float = 0.018
+    decode_s_per_seq: float = 0.0003
+    decode_s_per_kv_token: float = 2e-8
+    chunk_tokens: int = 8192
+    """Prefill tokens per iteration (vLLM's ``max_num_batched_tokens``)."""
+    iterations_per_step: int = 8
+    """Engine iterations simulated as one event; trades timing resolution for speed."""
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    capacity_tokens: int = 512_000
+    max_batch: int = 64
+
+
+@dataclass(slots=True, eq=False)
+class SimRequest:
+    """One turn on its way through a worker; the worker fills in the second half."""
+
+    session: str
+    prompt_tokens: int
+    output_tokens: int
+    blocks: Sequence[int]
+    """Full prompt blocks (chained hashes)."""
+    done_blocks: Sequence[int]
+    """Full blocks of prompt and output: what the cache holds once the turn ends."""
+    ready_s: float
+    """When the turn was ready at the router: the origin of its TTFT."""
+    priority: float = 0.0
+    """Seconds of queue precedence (admission's demotion and resume boosts)."""
+    cached_tokens: int = 0
+    prefill_left: int = 0
+    produced: int = 0
+    kv_blocks: int = 0
+    first_token_s: float | None = None
+
+
+class EngineWorker:
+    def __init__(self, address: str, spec: WorkerSpec, cost: CostModel, block_size: int) -> None:
+        self.address = address
+        self.spec = spec
+        self.cost = cost
+        self.block_size = block_size
+        self.total_blocks = spec.capacity_tokens // block_size
+        self.cache = BlockCache(block_size=block_size, num_gpu_blocks=self.total_blocks)
+        self.running: list[SimRequest] = []
+        self.busy = False
+        self._waiting: list[tuple[float, int, SimRequest]] = []
+        self._seq = 0
+        self._kv_blocks = 0
+        self._reserved = 0
+        self._plan: list[tuple[SimRequest, int]] = []
+        self._decoders: list[SimRequest] = []
+        self._iterations = 0
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def kv_usage(self) -> float:
+        return self._kv_blocks / self.total_blocks
+
+    def submit(self, request: SimRequest, now: float) -> None:
+        self._seq += 1
+        heapq.heappush(self._waiting, (now - request.priority, self._seq, request))
+
+    def start_step(self) -> float | None:
+        """Admit what fits, plan the next macro-step and return its duration (None: idle)."""
+        self._admit()
+        cost = self.cost
+        self._decoders = [r for r in self.running if r.prefill_left == 0]
+        self._plan = []
+        budget = cost.chunk_tokens * cost.iterations_per_step
+        prefill_s = 0.0
+        for request in self.running:
+            if budget == 0:
+                break
+            if request.prefill_left:
+                take = min(request.prefill_left, budget)
+                context = request.prompt_tokens - request.prefill_left + take / 2
+                prefill_s += take * (cost.prefill_s_per_token
+                                     + cost.prefill_s_per_token_ctx * context)
+                budget -= take
+                self._plan.append((request, take))
+        if not self._decoders and not self._plan:
+            self.busy = False
+            return None
+        self.busy = True
+        if self._decoders:
+            remaining = max(r.output_tokens - r.produced for r in self._decoders)
+            self._iterations = max(1, min(cost.iterations_per_step, remaining))
+            kv = sum(r.prompt_tokens + r.produced for r in self._decoders)
+            per_iteration = (cost.decode_base_s + cost.decode_s_per_seq * len(self._decoders)
+                             + cost.decode_s_per_kv_token * kv)
+        else:
+            self._iterations = 0
+            prefilled = sum(take for _, take in self._plan)
+            per_iteration = cost.decode_base_s * math.ceil(prefilled / cost.chunk_tokens)
+        return max(self._iterations, 1) * per_iteration + prefill_s
+
+    def finish_step(self, now: float) -> tuple[list[SimRequest], list[SimRequest]]:
+        """Apply the planned step; returns (requests that got their first token, finished)."""
+        first: list[SimRequest] = []
+        for request in self._decoders:
+            request.produced = min(request.output_tokens, request.produced + self._iterations)
+        for request, take in self._plan:
+            request.prefill_left -= take
+            if request.prefill_left == 0:
+                request.first_token_s = now
+                request.produced = 1
+                first.append(request)
+        done = [r for r in self.running
+                if r.prefill_left == 0 and r.produced >= r.output_tokens]
+        for request in done:
+            self.running.remove(request)
+            self._kv_blocks -= request.kv_blocks
+            self._reserved -= request.kv_blocks - len(request.blocks)
+            self.cache.insert_blocks(request.done_blocks)
+        if done:
+            self.cache.reserve(self._reserved)
+        return first, done
+
+    def _admit(self) -> None:
+        while self._waiting and len(self.running) < self.spec.max_batch:
+            request = self._waiting[0][2]
+            need = -(-(request.prompt_tokens + request.output_tokens) // self.block_size)
+            if self.running and self._kv_blocks + need > self.total_blocks:
+                return
+            heapq.heappop(self._waiting)
+            request.cached_tokens = self.cache.lookup_blocks(request.blocks,
+                                                             request.prompt_tokens)
+            request.prefill_left = request.prompt_tokens - request.cached_tokens
+            request.kv_blocks = need
+            self._kv_blocks += need
+            self._reserved += need - len(request.blocks)
+            self.cache.reserve(self._reserved)
+            self.running.append(request)

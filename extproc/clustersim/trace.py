@@ -1,0 +1,131 @@
+"""Mooncake-format traces (JSONL): read them for replay, write them from live traffic.
+
+A row is ``{"timestamp": ms, "input_length", "output_length", "hash_ids": [int...]}`` plus, for
+agentic traffic, ``session_id`` and ``delay`` (ms of tool time after the session's previous
+call ended). Each hash id names one block of ``block_size`` tokens and rows share a prefix
+exactly when they share leading ids, so a trace carries cache behaviour without any content.
+``TraceWriter`` depends on nothing of the simulator: the live processor can dump its traffic.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from .workload import Script, Step
+
+MOONCAKE_BLOCK_SIZE = 512
+"""Tokens per hash id in the published Mooncake traces."""
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRow:
+    timestamp_ms: float
+    input_length: int
+    output_length: int
+    hash_ids: tuple[int, ...]
+    session_id: str | None = None
+    delay_ms: float | None = None
+
+
+def read_trace(path: str | Path) -> list[TraceRow]:
+    """Every row of a Mooncake JSONL file; a malformed row fails with its line number."""
+    rows: list[TraceRow] = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if line.strip():
+                try:
+                    rows.append(_row(json.loads(line)))
+                except (ValueError, TypeError, KeyError) as exc:
+                    raise ValueError(f"{path}:{number}: bad trace row: {exc}") from None
+    return rows
+
+
+def _row(data: dict[str, Any]) -> TraceRow:
+    session = data.get("session_id")
+    delay = data.get("delay")
+    row = TraceRow(
+        timestamp_ms=float(data["timestamp"]),
+        input_length=int(data["input_length"]),
+        output_length=int(data["output_length"]),
+        hash_ids=tuple(int(h) for h in data["hash_ids"]),
+        session_id=None if session is None else str(session),
+        delay_ms=None if delay is None else float(delay),
+    )
+    if row.input_length < 1 or row.output_length < 0:
+        raise ValueError("input_length must be >= 1 and output_length >= 0")
+    return row
+
+
+class TraceWriter:
+    """Appends content-free Mooncake rows: block hashes become small ids in first-seen order,
+    so equal prefixes keep equal ids and nothing of the prompt can be recovered."""
+
+    def __init__(self, sink: str | Path | IO[str]) -> None:
+        self._owned = isinstance(sink, str | Path)
+        if isinstance(sink, str | Path):
+            self._out: IO[str] = open(sink, "a", encoding="utf-8")  # noqa: SIM115 - see close()
+        else:
+            self._out = sink
+        self._ids: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def write(self, *, session_id: str | None, timestamp_ms: float, input_length: int,
+              output_length: int, block_hashes: Sequence[int],
+              delay_ms: float | None = None) -> None:
+        with self._lock:
+            ids = [self._ids.setdefault(h, len(self._ids)) for h in block_hashes]
+            row: dict[str, Any] = {"timestamp": round(timestamp_ms, 3),
+                                   "input_length": input_length,
+                                   "output_length": output_length, "hash_ids": ids}
+            if session_id is not None:
+                row["session_id"] = session_id
+            if delay_ms is not None:
+                row["delay"] = round(delay_ms, 3)
+            self._out.write(json.dumps(row, separators=(",", ":")) + "\n")
+            self._out.flush()
+
+    def close(self) -> None:
+        if self._owned:
+            self._out.close()
+
+    def __enter__(self) -> TraceWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def scripts_from_trace(rows: Iterable[TraceRow]) -> list[Script]:
+    """One script per session (a row without ``session_id`` is a session of one call).
+
+    A session's calls run in order: a call with ``delay`` arrives that long after the previous
+    one ended (closed loop, as AIPerf replays agentic rows); one without arrives at its
+    timestamp, or when the previous call ends if that is later.
+    """
+    ordered = sorted(rows, key=lambda r: r.timestamp_ms)
+    if not ordered:
+        return []
+    origin = ordered[0].timestamp_ms
+    sessions: dict[str, list[TraceRow]] = {}
+    for n, row in enumerate(ordered):
+        sessions.setdefault(row.session_id or f"row{n}", []).append(row)
+    scripts = []
+    for key, session_rows in sessions.items():
+        steps = tuple(
+            Step(
+                prompt_tokens=row.input_length,
+                output_tokens=row.output_length,
+                delay_s=(row.delay_ms or 0.0) / 1000.0 if i else 0.0,
+                not_before_s=(row.timestamp_ms - origin) / 1000.0
+                if i == 0 or row.delay_ms is None else 0.0,
+                hash_ids=row.hash_ids,
+            )
+            for i, row in enumerate(session_rows)
+        )
+        scripts.append(Script(key, steps, start_s=(session_rows[0].timestamp_ms - origin) / 1000))
+    return scripts

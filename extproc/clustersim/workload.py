@@ -1,0 +1,124 @@
+"""Agentic session workloads: scripts of turns the simulator plays, synthetic or from a trace.
+
+A coding-agent session opens with a large prefill (a system prompt and tool definitions shared
+by every session, then its own task and repository context), then runs 10-40 turns; each turn
+resends the whole context plus the previous answer and the tool output, and tools run for
+seconds to minutes in between. Some sessions hand a sub-task to sub-agents that start from the
+parent's context (sharing its prefix) while the parent waits for them, as a Task tool does.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+
+from .blocks import Stream
+
+SYSTEM_OWNER = 0
+"""Stream owner of the shared system prompt; session owners start at 1."""
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One LLM call of a session."""
+
+    prompt_tokens: int
+    output_tokens: int
+    delay_s: float = 0.0
+    """Tool time between the previous step's end (or its sub-agents') and this call."""
+    not_before_s: float = 0.0
+    """Earliest arrival in absolute time (open-loop trace rows)."""
+    hash_ids: tuple[int, ...] | None = None
+    """A trace row's block ids; None means the blocks come from the session's stream."""
+    children: tuple[Script, ...] = ()
+    """Sub-agents started when the previous step ends; this step waits for all of them."""
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    key: str
+    steps: tuple[Step, ...]
+    start_s: float = 0.0
+    parent: str | None = None
+    stream: Stream | None = None
+
+    def turns(self) -> int:
+        return len(self.steps) + sum(c.turns() for s in self.steps for c in s.children)
+
+
+@dataclass(frozen=True)
+class AgenticWorkload:
+    """Shape of the synthetic agent traffic (token counts, turn counts, tool times)."""
+
+    block_size: int = 64
+    system_tokens: int = 6144
+    context_tokens: tuple[int, int] = (2048, 14000)
+    turns: tuple[int, int] = (10, 40)
+    output_median: float = 300.0
+    output_sigma: float = 0.6
+    tool_tokens_median: float = 800.0
+    tool_tokens_sigma: float = 1.0
+    tool_wait_median_s: float = 4.0
+    tool_wait_sigma: float = 1.2
+    subagent_probability: float = 0.2
+    subagents: tuple[int, int] = (1, 3)
+    subagent_turns: tuple[int, int] = (5, 15)
+    subagent_task_tokens: tuple[int, int] = (500, 2000)
+    seed: int = 0
+    _system: Stream = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_system", Stream(SYSTEM_OWNER, self.block_size))
+
+    def session(self, index: int, start_s: float = 0.0) -> Script:
+        """Session ``index`` of the endless sequence; the same for every policy and run."""
+        rng = random.Random(self.seed * 1_000_003 + index)
+        owner = 1 + index * 16
+        system_blocks = self.system_tokens // self.block_size
+        stream = Stream(owner, self.block_size, self._system, system_blocks)
+        initial = system_blocks * self.block_size + rng.randint(*self.context_tokens)
+        spawn_at = -1
+        n_turns = rng.randint(*self.turns)
+        if rng.random() < self.subagent_probability:
+            spawn_at = rng.randint(2, n_turns - 1)
+        steps: list[Step] = []
+        context = initial
+        for turn in range(n_turns):
+            children: tuple[Script, ...] = ()
+            if turn == spawn_at:
+                children = tuple(
+                    self._child(rng, f"s{index}/sub{n}", owner + 1 + n, stream, context)
+                    for n in range(rng.randint(*self.subagents))
+                )
+            delay = self._tool_wait(rng) if turn else 0.0
+            output = self._output(rng)
+            steps.append(Step(context, output, delay, children=children))
+            context += output + self._tool_tokens(rng)
+        return Script(f"s{index}", tuple(steps), start_s, stream=stream)
+
+    def _child(self, rng: random.Random, key: str, owner: int, parent: Stream,
+               parent_context: int) -> Script:
+        inherit = parent_context // self.block_size
+        stream = Stream(owner, self.block_size, parent, inherit)
+        context = inherit * self.block_size + rng.randint(*self.subagent_task_tokens)
+        steps: list[Step] = []
+        for turn in range(rng.randint(*self.subagent_turns)):
+            output = self._output(rng)
+            steps.append(Step(context, output, self._tool_wait(rng) if turn else 0.0))
+            context += output + self._tool_tokens(rng)
+        return Script(key, tuple(steps), parent=key.split("/")[0], stream=stream)
+
+    def _output(self, rng: random.Random) -> int:
+        return _lognormal_int(rng, self.output_median, self.output_sigma, 16, 4096)
+
+    def _tool_tokens(self, rng: random.Random) -> int:
+        return _lognormal_int(rng, self.tool_tokens_median, self.tool_tokens_sigma, 16, 16000)
+
+    def _tool_wait(self, rng: random.Random) -> float:
+        value = rng.lognormvariate(math.log(self.tool_wait_median_s), self.tool_wait_sigma)
+        return min(max(value, 0.2), 600.0)
+
+
+def _lognormal_int(rng: random.Random, median: float, sigma: float, low: int, high: int) -> int:
+    return min(max(int(rng.lognormvariate(math.log(median), sigma)), low), high)
