@@ -91,6 +91,12 @@ def _eval_matrix(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _simulate(args: argparse.Namespace) -> int:
+    from .clustersim.runner import run
+
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="saar", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -152,6 +158,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_matrix_arguments(matrix)
     matrix.set_defaults(func=_eval_matrix)
+
+    simulate = sub.add_parser(
+        "simulate", help="discrete-event simulation of routing policies on agentic traffic"
+    )
+    from .clustersim.runner import add_arguments as add_simulate_arguments
+
+    add_simulate_arguments(simulate)
+    simulate.set_defaults(func=_simulate)
     return parser
 
 
