@@ -47,6 +47,8 @@ async def start(config: Config, router: Router | None = None) -> RunningService:
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            # Never share a port with another process that happens to bind it too.
+            ("grpc.so_reuseport", 0),
         ]
     )
     ep_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(router), server)

@@ -30,6 +30,8 @@ DIAGNOSTIC_HEADERS = {
 }
 WORKER_HEADER = "x-saar-worker"
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
+PROCESSOR = "saar_extproc"
+OBSERVER = "saar_extproc_observe"
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,7 @@ def bootstrap(
                     ],
                 }
             ],
-            "clusters": [_processor_cluster(ports)]
+            "clusters": [_processor_cluster(PROCESSOR, ports), _processor_cluster(OBSERVER, ports)]
             + [
                 _model_cluster(model.cluster, model.endpoints)
                 for model in config.models.values()
@@ -123,7 +125,7 @@ def _routing_filter() -> dict[str, Any]:
             "@type": EXT_PROC,
             "stat_prefix": "saar",
             "grpc_service": {
-                "envoy_grpc": {"cluster_name": "saar_extproc"},
+                "envoy_grpc": {"cluster_name": PROCESSOR},
                 "timeout": "5s",
             },
             # Fail closed: a request that bypassed the processor would keep spoofed headers.
@@ -156,10 +158,13 @@ def _observe_filter() -> dict[str, Any]:
             "@type": EXT_PROC,
             "stat_prefix": "saar_observe",
             "grpc_service": {
-                "envoy_grpc": {"cluster_name": "saar_extproc"},
+                "envoy_grpc": {"cluster_name": OBSERVER},
                 "timeout": "5s",
             },
             "observability_mode": True,
+            # The processor ends the stream once the response is understood; this bounds
+            # how long Envoy keeps one open if it does not.
+            "deferred_close_timeout": "1s",
             "failure_mode_allow": True,
             "processing_mode": {
                 "request_header_mode": "SKIP",
@@ -228,19 +233,29 @@ def _discovery(endpoints: tuple[str, ...]) -> str:
     return "STATIC"
 
 
-def _processor_cluster(ports: EnvoyPorts) -> dict[str, Any]:
+def _processor_cluster(name: str, ports: EnvoyPorts) -> dict[str, Any]:
+    """The processor, once per filter: observation (fail open) must never use up the streams
+    of routing (fail closed). One stream per HTTP request, so the default limit of 1,024
+    concurrent requests would cap the proxy; it is lifted."""
     endpoints = (f"{ports.processor_host}:{ports.processor_port}",)
+    limit = 1_000_000
     return {
-        "name": "saar_extproc",
+        "name": name,
         "type": _discovery(endpoints),
         "connect_timeout": "1s",
+        "circuit_breakers": {
+            "thresholds": [
+                {"max_connections": limit, "max_pending_requests": limit,
+                 "max_requests": limit, "max_retries": 3}
+            ]
+        },
         "typed_extension_protocol_options": {
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
                 "@type": HTTP_OPTIONS,
                 "explicit_http_config": {"http2_protocol_options": {}},
             }
         },
-        "load_assignment": _endpoints("saar_extproc", endpoints),
+        "load_assignment": _endpoints(name, endpoints),
     }
 
 

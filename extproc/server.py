@@ -125,6 +125,12 @@ class ExtProcStream:
             return error_response(exc, self._api)
         return _passthrough(kind)
 
+    @property
+    def observed(self) -> bool:
+        """An observe stream with nothing left to learn: ending it now frees Envoy's stream
+        (otherwise held for ``deferred_close_timeout`` after the request)."""
+        return self._observing and (self._finished or self._observer is None)
+
     def close(self) -> None:
         """The stream ended; a response that never reached end_of_stream still closes its turn."""
         if self._observer is not None and self._replay_id is not None and not self._finished:
@@ -227,5 +233,7 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
                     )
                 if reply is not None:
                     yield reply
+                if stream.observed:
+                    return
         finally:
             stream.close()

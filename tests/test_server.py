@@ -113,6 +113,8 @@ def observe(router: Router, replay_id: str, status: str, chunks: list[bytes],
         msg.CopyFrom(meta)
         msg.response_body.CopyFrom(ep.HttpBody(body=chunk, end_of_stream=i == len(chunks) - 1))
         assert stream.handle(msg) is None
+    # Once the response is understood the processor ends the stream itself.
+    assert stream.observed == bool(chunks)
     stream.close()
 
 

@@ -1,0 +1,72 @@
+"""The floor for a Python ext_proc: a grpc.aio processor that answers every phase with an empty
+CONTINUE, so the benchmark can tell the price of gRPC from the price of routing.
+
+Run as ``python -m extproc.bench.passthrough --port N``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+from collections.abc import AsyncIterator, Sequence
+
+import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+def reply_for(request: ep.ProcessingRequest) -> ep.ProcessingResponse:
+    """An empty response of the same phase: Envoy reads it as CONTINUE, unchanged."""
+    kind = request.WhichOneof("request")
+    if kind in ("request_headers", "response_headers"):
+        return ep.ProcessingResponse(**{kind: ep.HeadersResponse()})
+    if kind in ("request_body", "response_body"):
+        return ep.ProcessingResponse(**{kind: ep.BodyResponse()})
+    if kind in ("request_trailers", "response_trailers"):
+        return ep.ProcessingResponse(**{kind: ep.TrailersResponse()})
+    return ep.ProcessingResponse()
+
+
+class PassThrough(ep_grpc.ExternalProcessorServicer):
+    async def Process(
+        self,
+        request_iterator: AsyncIterator[ep.ProcessingRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[ep.ProcessingResponse]:
+        async for request in request_iterator:
+            yield reply_for(request)
+
+
+async def serve(host: str, port: int) -> None:
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            # A second server on a reused free port would silently take half the streams.
+            ("grpc.so_reuseport", 0),
+        ]
+    )
+    ep_grpc.add_ExternalProcessorServicer_to_server(PassThrough(), server)
+    server.add_insecure_port(f"{host}:{port}")
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await server.stop(grace=0.5)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args(argv)
+    asyncio.run(serve(args.host, args.port))
+
+
+if __name__ == "__main__":
+    main()

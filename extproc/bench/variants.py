@@ -1,0 +1,80 @@
+"""The Envoy configs compared, each derived from ``envoy_config.bootstrap`` so that the only
+difference between variants is the ext_proc filters in front of the router."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+Bootstrap = dict[str, Any]
+VARIANTS = ("envoy", "passthrough", "saar")
+EXTRA_VARIANTS = ("saar-single",)
+
+
+def _http_filters(doc: Bootstrap) -> list[dict[str, Any]]:
+    hcm = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+    filters: list[dict[str, Any]] = hcm["typed_config"]["http_filters"]
+    return filters
+
+
+def envoy_only(doc: Bootstrap) -> Bootstrap:
+    """No ext_proc filter: the router alone."""
+    filters = _http_filters(doc)
+    filters[:] = [f for f in filters if f["name"] == "envoy.filters.http.router"]
+    return doc
+
+
+def passthrough(doc: Bootstrap) -> Bootstrap:
+    """One blocking filter (headers, buffered body, response headers) instead of saar's two."""
+    filters = _http_filters(doc)
+    single = copy.deepcopy(filters[0])
+    config = single["typed_config"]
+    single["name"] = config["stat_prefix"] = "passthrough"
+    config["processing_mode"]["response_header_mode"] = "SEND"
+    config.pop("metadata_options", None)
+    filters[:] = [single, filters[-1]]
+    return doc
+
+
+def saar(doc: Bootstrap) -> Bootstrap:
+    """The real config, unchanged."""
+    return doc
+
+
+def saar_single(doc: Bootstrap) -> Bootstrap:
+    """Only the routing filter, also sent response headers: one stream per request, not two."""
+    filters = _http_filters(doc)
+    filters[0]["typed_config"]["processing_mode"]["response_header_mode"] = "SEND"
+    filters[:] = [filters[0], filters[-1]]
+    return doc
+
+
+TRANSFORMS: dict[str, Callable[[Bootstrap], Bootstrap]] = {
+    "envoy": envoy_only,
+    "passthrough": passthrough,
+    "saar": saar,
+    "saar-single": saar_single,
+}
+
+
+def pointed_at(upstream: str | None, transform: Callable[[Bootstrap], Bootstrap]) -> Callable[
+    [Bootstrap], Bootstrap
+]:
+    """``transform``, then every model cluster sent to ``upstream`` (``host:port``) if given."""
+
+    def apply(doc: Bootstrap) -> Bootstrap:
+        doc = transform(doc)
+        if upstream is None:
+            return doc
+        host, _, port = upstream.rpartition(":")
+        address = {"socket_address": {"address": host, "port_value": int(port)}}
+        for cluster in doc["static_resources"]["clusters"]:
+            if cluster["name"] != PROCESSOR_CLUSTER:
+                cluster["type"] = "STATIC"
+                cluster["load_assignment"]["endpoints"] = [
+                    {"lb_endpoints": [{"endpoint": {"address": address}}]}
+                ]
+        return doc
+
+    return apply
