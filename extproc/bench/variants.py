@@ -7,6 +7,8 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
+from ..envoy_config import OBSERVER, PROCESSOR
+
 Bootstrap = dict[str, Any]
 VARIANTS = ("envoy", "passthrough", "saar")
 EXTRA_VARIANTS = ("saar-single",)
@@ -70,7 +72,7 @@ def pointed_at(upstream: str | None, transform: Callable[[Bootstrap], Bootstrap]
         host, _, port = upstream.rpartition(":")
         address = {"socket_address": {"address": host, "port_value": int(port)}}
         for cluster in doc["static_resources"]["clusters"]:
-            if cluster["name"] != PROCESSOR_CLUSTER:
+            if cluster["name"] not in (PROCESSOR, OBSERVER):
                 cluster["type"] = "STATIC"
                 cluster["load_assignment"]["endpoints"] = [
                     {"lb_endpoints": [{"endpoint": {"address": address}}]}
