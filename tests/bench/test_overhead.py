@@ -43,7 +43,7 @@ def test_variants_differ_only_in_filters_and_upstream() -> None:
     def names(variant: str) -> list[str]:
         doc = pointed_at("127.0.0.1:1", TRANSFORMS[variant])(bootstrap(config, EnvoyPorts()))
         hcm = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
-        for cluster in doc["static_resources"]["clusters"][1:]:
+        for cluster in doc["static_resources"]["clusters"][2:]:  # after both processor ones
             endpoint = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
             assert endpoint["address"]["socket_address"]["port_value"] == 1
         return [f["name"] for f in hcm["typed_config"]["http_filters"]]
