@@ -19,6 +19,7 @@ from .http_api import build_http_app
 from .replay_service import ReplayService
 from .router import Router
 from .server import ExternalProcessor
+from .tasks import Background
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +34,10 @@ class RunningService:
     http_runner: web.AppRunner
     grpc_port: int
     http_port: int
+    background: Background
 
     async def stop(self) -> None:
+        await self.background.stop()
         await self.grpc_server.stop(grace=1.0)
         await self.http_runner.cleanup()
         self.router.replay.close()
@@ -67,7 +70,9 @@ async def start(config: Config, router: Router | None = None) -> RunningService:
     http_port = runner.addresses[0][1]
     log.info("ext_proc on %s:%d, http on %s:%d", config.server.host, grpc_port,
              config.server.host, http_port)
-    return RunningService(router, server, runner, grpc_port, http_port)
+    background = Background(router)
+    background.start()
+    return RunningService(router, server, runner, grpc_port, http_port, background)
 
 
 async def serve_forever(config: Config) -> None:

@@ -40,6 +40,25 @@ class Metrics:
             registry=r,
         )
         self.live_sessions = Gauge("saar_live_sessions", "Sessions in router memory", registry=r)
+        self.worker_picks = Counter(
+            "saar_worker_picks", "Workers picked inside a model's pool", ["model", "worker"],
+            registry=r,
+        )
+        self.held_requests = Counter(
+            "saar_held_requests", "Requests of paused sessions, by how the hold ended",
+            ["outcome"], registry=r,
+        )
+        self.paused_sessions = Gauge(
+            "saar_admission_paused_sessions", "Sessions paused by admission", registry=r
+        )
+        self.worker_utilization = Gauge(
+            "saar_admission_utilization", "Admission's KV utilization U per worker", ["worker"],
+            registry=r,
+        )
+        self.scrape_failures = Counter(
+            "saar_worker_scrape_failures", "Failed /metrics scrapes of workers", ["worker"],
+            registry=r,
+        )
         self.stream_failures = Counter(
             "saar_stream_failures", "ext_proc streams that ended with an internal error",
             registry=r,

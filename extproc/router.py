@@ -17,11 +17,12 @@ import orjson
 from cachetools import TTLCache
 
 from .config import Config
-from .errors import RoutingError
+from .errors import RateLimited, RoutingError
 from .health import ModelHealth
 from .identity import IdentityReader
 from .memory import RouterMemory, Turn
 from .metrics import Metrics
+from .pools import Placement, Pools, Prompt
 from .replay import JsonlSink, ReplayStore
 from .request import parse_request
 from .saar import RoutingDecision, SaarEngine
@@ -49,6 +50,21 @@ class Routed:
     """The rewritten body, or None when the client already named the physical model."""
     diagnostics: dict[str, str]
     """Response headers for the client (Envoy adds them from dynamic metadata)."""
+    workers: tuple[str, ...] = ()
+    """The picked worker first, then fallbacks; empty when Envoy's balancer decides."""
+
+
+class SessionPaused(RateLimited):
+    """Admission paused this session at its tool boundary: hold the request or answer 429."""
+
+    code = "session_paused"
+
+    def __init__(self, session_key: str, retry_after: int) -> None:
+        super().__init__(
+            "this session is paused while its worker is oversubscribed; retry shortly",
+            retry_after=retry_after,
+        )
+        self.session_key = session_key
 
 
 @dataclass(slots=True)
@@ -56,6 +72,7 @@ class _Pending:
     turn: Turn
     api: Api
     started: float
+    placement: Placement
     final: bool = False
     committed: bool = False
 
@@ -89,6 +106,7 @@ class Router:
             cooldown=config.health.cooldown_seconds,
         )
         self.engine = SaarEngine(config, self.memory, self.health, clock=clock, selector=selector)
+        self.pools = Pools(config, clock=clock)
         sink = JsonlSink(config.replay.jsonl_path) if config.replay.jsonl_path else None
         self.replay = ReplayStore(config.replay.capacity, sink)
         self._pending: TTLCache[str, _Pending] = TTLCache(
@@ -103,18 +121,38 @@ class Router:
             self.metrics.stripped_headers.labels(name).inc()
         return names
 
-    def route(self, api: Api, headers: Mapping[str, str], raw: bytes) -> Routed:
-        """Decide where one LLM request goes. Raises ``RoutingError`` (already counted)."""
+    def route(
+        self,
+        api: Api,
+        headers: Mapping[str, str],
+        raw: bytes,
+        *,
+        subset: frozenset[str] | None = None,
+        admit_paused: bool = False,
+    ) -> Routed:
+        """Decide where one LLM request goes: model, then worker. Raises ``RoutingError``
+        (already counted); ``SessionPaused`` unless ``admit_paused`` (a hold that timed out)."""
         started = time.perf_counter()
         try:
             request = parse_request(api, raw, max_body_bytes=self.config.limits.max_body_bytes)
             identity = self.identity.read(headers)
-            decision = self.engine.decide(request, identity, headers)
+            if not admit_paused and self.pools.admission.is_paused(identity.key):
+                assert identity.key is not None
+                tick = self.config.scheduling.admission.tick_seconds
+                raise SessionPaused(identity.key, retry_after=max(1, round(tick)))
+            prompt = Prompt(request)
+            decision = self.engine.decide(
+                request, identity, headers, lambda m: self.pools.cached_tokens(prompt, m)
+            )
+            placement = self.pools.place(prompt, decision.model, identity.key, subset)
         except RoutingError as exc:
             self.metrics.errors.labels(exc.code).inc()
             raise
         replay_id = self.replay.new_id()
-        self._remember(replay_id, request, identity, decision)
+        self._remember(replay_id, request, identity, decision, placement)
+        self.pools.started(placement, identity.key, request.context_tokens)
+        if placement.worker is not None:
+            self.metrics.worker_picks.labels(decision.model, placement.worker).inc()
         body = None
         if decision.model != request.model:
             request.body["model"] = decision.model
@@ -127,6 +165,7 @@ class Router:
             self.config.models[decision.model].cluster,
             body,
             diagnostics(replay_id, decision, request),
+            placement.workers,
         )
 
     def response_started(self, replay_id: str, status: int) -> None:
@@ -152,10 +191,17 @@ class Router:
             return
         if pending.committed:
             self.memory.record_response(pending.turn, response)
+        usage = response.usage
+        self.pools.finished(
+            pending.placement,
+            pending.turn.session_key,
+            usage.prompt_tokens if usage else pending.turn.context_tokens,
+            usage.completion_tokens if usage else 0,
+        )
         if pending.final:
             self.memory.forget(pending.turn.session_key)
+            self.pools.admission.release(pending.turn.session_key)
             self.metrics.live_sessions.set(len(self.memory))
-        usage = response.usage
         self.replay.complete(
             replay_id,
             {
@@ -188,6 +234,7 @@ class Router:
         request: RequestSummary,
         identity: SessionIdentity,
         decision: RoutingDecision,
+        placement: Placement,
     ) -> None:
         now = self.clock()
         turn = Turn(
@@ -200,8 +247,8 @@ class Router:
             replay_id,
             now,
         )
-        self._pending[replay_id] = _Pending(turn, request.api, now, identity.final)
-        self.replay.put(decision_record(replay_id, now, request, identity, decision))
+        self._pending[replay_id] = _Pending(turn, request.api, now, placement, identity.final)
+        self.replay.put(decision_record(replay_id, now, request, identity, decision, placement))
 
     def _count(self, api: Api, decision: RoutingDecision) -> None:
         self.metrics.requests.labels(api.value, decision.decision).inc()
@@ -232,9 +279,11 @@ def decision_record(
     request: RequestSummary,
     identity: SessionIdentity,
     decision: RoutingDecision,
+    placement: Placement,
 ) -> dict[str, Any]:
     """The content-free replay record of one decision."""
     base = decision.base
+    result = placement.result
     return {
         "replay_id": replay_id,
         "time": now,
@@ -289,4 +338,12 @@ def decision_record(
         "phase": decision.phase.value,
         "reason": decision.reason,
         "confidence": round(decision.confidence, 4),
+        "worker": None
+        if result is None
+        else {
+            "picked": placement.worker,
+            "fallbacks": list(placement.workers[1:]),
+            "matched_blocks": dict(result.matched_blocks),
+            "scores": {k: round(v, 4) for k, v in result.total.items()},
+        },
     }

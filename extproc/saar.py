@@ -9,8 +9,10 @@ Switch pricing is in dollars. Moving a session from its current model ``cur`` to
     transition(c) = ctx × (prompt(c) − cached(c))                 # re-prefill on c, uncached
                   + prior × warm × (prompt(cur) − cached(cur))    # the warm prefix thrown away
 
-where ``ctx`` is the context resent this turn, ``warm`` the tokens cached on ``cur`` (our estimate,
-scaled by the backend's own reported hit ratio), and ``prior`` ∈ (0, 1] the remaining-turn prior
+where ``ctx`` is the context resent this turn (less what the candidate's best worker already
+holds, when the prefix index can tell), ``warm`` the tokens cached on ``cur`` (measured on its
+best worker by the prefix index; else our estimate scaled by the backend's reported hit ratio),
+and ``prior`` ∈ (0, 1] the remaining-turn prior
 (a session that ran ``t`` turns is expected to run about as many more, up to the horizon). The
 price becomes a score penalty relative to a reference turn (``reference_context_tokens`` at the
 dearest candidate's prompt price):
@@ -24,7 +26,7 @@ The engine is pure: memory and health are injected, time comes from the injected
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from .config import Config, SessionAware
@@ -36,6 +38,13 @@ from .types import Action, Clock, Phase, RequestSummary, SessionIdentity
 
 REFERENCE_CONTEXT_TOKENS = 32_768
 TOKENS_PER_PRICE_UNIT = 1_000_000
+
+CachedTokens = Callable[[str], int | None]
+"""model → tokens of this request's prompt cached on that model's best worker (None: unknown)."""
+
+
+def _unknown(model: str) -> None:
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +99,11 @@ class SaarEngine:
         self._logical = frozenset(config.routing.logical_models)
 
     def decide(
-        self, request: RequestSummary, identity: SessionIdentity, headers: Mapping[str, str]
+        self,
+        request: RequestSummary,
+        identity: SessionIdentity,
+        headers: Mapping[str, str],
+        cached_tokens: CachedTokens = _unknown,
     ) -> RoutingDecision:
         state = self._memory.session(identity.key)
         if request.model not in self._logical:
@@ -121,7 +134,7 @@ class SaarEngine:
                 model, base.decision, action, phase, f"{reset}_reset", base.confidence, base,
                 state.model, reset=reset,
             )
-        return self._priced(request, state, base, knobs)
+        return self._priced(request, state, base, knobs, cached_tokens)
 
     # -- steps -----------------------------------------------------------------------------
 
@@ -165,9 +178,14 @@ class SaarEngine:
         return None
 
     def _priced(
-        self, request: RequestSummary, state: SessionState, base: BaseChoice, knobs: SessionAware
+        self,
+        request: RequestSummary,
+        state: SessionState,
+        base: BaseChoice,
+        knobs: SessionAware,
+        cached_tokens: CachedTokens,
     ) -> RoutingDecision:
-        terms = self._price(request, state, base, knobs)
+        terms = self._price(request, state, base, knobs, cached_tokens)
         current = next(t for t in terms if t.model == state.model)
         usable = [t for t in terms if t.available]
         if not usable:
@@ -200,7 +218,12 @@ class SaarEngine:
         )
 
     def _price(
-        self, request: RequestSummary, state: SessionState, base: BaseChoice, knobs: SessionAware
+        self,
+        request: RequestSummary,
+        state: SessionState,
+        base: BaseChoice,
+        knobs: SessionAware,
+        cached_tokens: CachedTokens,
     ) -> tuple[CandidateTerms, ...]:
         models = self._config.models
         scores = dict(base.scores)
@@ -212,10 +235,13 @@ class SaarEngine:
         prior = knobs.remaining_turn_prior_weight * min(
             1.0, max(1, state.turns) / max(1, knobs.remaining_turn_prior_horizon)
         )
-        warm = state.context_tokens
-        ratio = state.reported_cache_ratio
-        if ratio is not None and state.turns >= 2:
-            warm = int(warm * ratio)
+        ctx = request.context_tokens
+        warm = cached_tokens(state.model)
+        if warm is None:
+            warm = state.context_tokens
+            ratio = state.reported_cache_ratio
+            if ratio is not None and state.turns >= 2:
+                warm = int(warm * ratio)
         history = knobs.switch_history_weight * min(state.switches / 8, 1.0)
         handoff = knobs.handoff_penalty_weight * knobs.default_handoff_penalty
         stay = knobs.tool_loop_stay_bias if state.phase is Phase.TOOL_LOOP else knobs.stay_bias
@@ -227,8 +253,9 @@ class SaarEngine:
                 out.append(CandidateTerms(name, base_score, stay_bias=stay, available=available))
                 continue
             cand = models[name]
+            uncached = ctx - min(ctx, cached_tokens(name) or 0)
             transition = (
-                request.context_tokens * (cand.pricing.prompt - cand.pricing.cached_input)
+                uncached * (cand.pricing.prompt - cand.pricing.cached_input)
                 + prior * warm * (cur.pricing.prompt - cur.pricing.cached_input)
             )
             penalty = 0.0

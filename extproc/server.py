@@ -13,8 +13,11 @@ Two filters in Envoy talk to this one service (see ``envoy/envoy.yaml``):
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import math
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -23,16 +26,20 @@ from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as pm
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from envoy.type.v3 import http_status_pb2
-from google.protobuf import struct_pb2
+from google.protobuf import duration_pb2, struct_pb2
 
 from .errors import MalformedRequest, RoutingError
 from .response import ResponseObserver
-from .router import Routed, Router, api_for
+from .router import DESTINATION_HEADER, Routed, Router, SessionPaused, api_for
 from .types import Api
 
 log = logging.getLogger(__name__)
 
 METADATA_NAMESPACE = "saar"
+LB_NAMESPACE = "envoy.lb"
+SUBSET_NAMESPACE = "envoy.lb.subset_hint"
+SUBSET_KEY = "x-gateway-destination-endpoint-subset"
+HOLD_POLL_SECONDS = 0.05
 _OVERWRITE = core.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 _SKIP_BODY = pm.ProcessingMode(request_body_mode=pm.ProcessingMode.NONE)
 
@@ -80,9 +87,14 @@ def routed_response(routed: Routed, cluster_header: str) -> ep.ProcessingRespons
         common.body_mutation.body = routed.body
         # Envoy answers 500 when content-length disagrees with a mutated body.
         headers.append(_header("content-length", str(len(routed.body))))
-    common.header_mutation.set_headers.extend(headers)
     metadata = struct_pb2.Struct()
     metadata.update({METADATA_NAMESPACE: _metadata(routed)})
+    if routed.workers:
+        # The Gateway API Inference Extension's contract: the pick in the header, the pick and
+        # its fallbacks (for Envoy's retries) in envoy.lb metadata.
+        headers.append(_header(DESTINATION_HEADER, routed.workers[0]))
+        metadata.update({LB_NAMESPACE: {DESTINATION_HEADER: ",".join(routed.workers)}})
+    common.header_mutation.set_headers.extend(headers)
     return ep.ProcessingResponse(
         request_body=ep.BodyResponse(response=common), dynamic_metadata=metadata
     )
@@ -97,19 +109,42 @@ def _metadata(routed: Routed) -> dict[str, Any]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """The request belongs to a session admission paused: the servicer waits, then resumes."""
+
+    session_key: str
+    timeout: float
+
+
+def _subset(message: ep.ProcessingRequest) -> frozenset[str] | None:
+    """The proxy's subset hint (a list or a comma-separated string), if it sent one."""
+    hint = message.metadata_context.filter_metadata.get(SUBSET_NAMESPACE)
+    if hint is None or SUBSET_KEY not in hint.fields:
+        return None
+    value = hint.fields[SUBSET_KEY]
+    if value.HasField("list_value"):
+        items = [v.string_value for v in value.list_value.values]
+    else:
+        items = value.string_value.split(",")
+    return frozenset(i.strip() for i in items if i.strip())
+
+
 class ExtProcStream:
     """One ext_proc stream (one HTTP request seen by one filter), driven message by message."""
 
     def __init__(self, router: Router) -> None:
         self._router = router
         self._headers: dict[str, str] = {}
+        self._subset: frozenset[str] | None = None
+        self._body: bytes = b""
         self._api: Api | None = None
         self._observer: ResponseObserver | None = None
         self._replay_id: str | None = None
         self._finished = False
         self._observing = False
 
-    def handle(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse | None:
+    def handle(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse | Hold | None:
         kind = request.WhichOneof("request")
         if kind in ("response_headers", "response_body"):
             # Only the observe filter asks for the response. Envoy leaves observability_mode
@@ -118,12 +153,30 @@ class ExtProcStream:
             return None if request.observability_mode or self._observing else _passthrough(kind)
         try:
             if kind == "request_headers":
+                self._subset = _subset(request)
                 return self._on_request_headers(request.request_headers)
             if kind == "request_body":
                 return self._on_request_body(request.request_body)
+        except SessionPaused as exc:
+            admission = self._router.config.scheduling.admission
+            if admission.on_paused == "hold":
+                return Hold(exc.session_key, admission.hold_timeout_seconds)
+            return error_response(exc, self._api)
         except RoutingError as exc:
             return error_response(exc, self._api)
         return _passthrough(kind)
+
+    def resume(self, *, admit_paused: bool) -> ep.ProcessingResponse:
+        """Route the held body again: the session was resumed, or the hold timed out."""
+        assert self._api is not None
+        try:
+            routed = self._router.route(
+                self._api, self._headers, self._body, subset=self._subset,
+                admit_paused=admit_paused,
+            )
+        except RoutingError as exc:
+            return error_response(exc, self._api)
+        return routed_response(routed, self._router.config.routing.cluster_header)
 
     @property
     def observed(self) -> bool:
@@ -158,7 +211,8 @@ class ExtProcStream:
     def _on_request_body(self, message: ep.HttpBody) -> ep.ProcessingResponse:
         if self._api is None:
             return _passthrough("request_body")
-        routed = self._router.route(self._api, self._headers, message.body)
+        self._body = message.body
+        routed = self._router.route(self._api, self._headers, message.body, subset=self._subset)
         return routed_response(routed, self._router.config.routing.cluster_header)
 
     # -- response path (observability mode: replies are ignored by Envoy) ------------------
@@ -213,6 +267,20 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
     def __init__(self, router: Router) -> None:
         self._router = router
 
+    async def _held(self, hold: Hold) -> bool:
+        """Wait until admission resumes the session (True) or the hold times out (False). No
+        request in flight is touched: only this one, not yet sent upstream, waits."""
+        admission = self._router.pools.admission
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + hold.timeout
+        while admission.is_paused(hold.session_key):
+            if loop.time() >= deadline:
+                self._router.metrics.held_requests.labels("timeout").inc()
+                return False
+            await asyncio.sleep(HOLD_POLL_SECONDS)
+        self._router.metrics.held_requests.labels("resumed").inc()
+        return True
+
     async def Process(
         self,
         request_iterator: AsyncIterator[ep.ProcessingRequest],
@@ -223,6 +291,14 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
             async for request in request_iterator:
                 try:
                     reply = stream.handle(request)
+                    if isinstance(reply, Hold):
+                        # Tell Envoy to wait longer for this message, then wait for the resume.
+                        yield ep.ProcessingResponse(
+                            override_message_timeout=duration_pb2.Duration(
+                                seconds=math.ceil(reply.timeout) + 1
+                            )
+                        )
+                        reply = stream.resume(admit_paused=not await self._held(reply))
                 except Exception:
                     log.exception("ext_proc message failed")
                     self._router.metrics.stream_failures.inc()
