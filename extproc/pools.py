@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .config import Config
 from .errors import ModelUnavailable, RateLimited
@@ -26,8 +27,10 @@ from .scheduling import (
     from_config,
 )
 from .scheduling.kv_events import PreciseKVIndex
-from .tokenizer import Tokenizer
 from .types import Clock, RequestSummary
+
+if TYPE_CHECKING:
+    from .tokenizer import Tokenizer
 
 PRECISE_BLOCK_SIZE = 16
 """vLLM's default KV block size, in tokens, for the precise index."""
@@ -72,6 +75,8 @@ class Pools:
         self.index: ApproximatePrefixIndex | PreciseKVIndex
         if prefix.mode == "precise":
             assert prefix.tokenizer is not None  # config validation guarantees it
+            from .tokenizer import Tokenizer  # the tokenizers library only when precise
+
             self.tokenizer = Tokenizer(prefix.tokenizer)
             self.index = PreciseKVIndex(block_size=PRECISE_BLOCK_SIZE)
             self.tokens_per_block = PRECISE_BLOCK_SIZE

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import aiohttp
 
+from .kv_subscriber import KVEventSubscriber
 from .router import Router
-from .scheduling.kv_events import KVEventSubscriber, PreciseKVIndex
+from .scheduling.kv_events import PreciseKVIndex
 from .scheduling.prefix_index import ApproximatePrefixIndex
 
 log = logging.getLogger(__name__)

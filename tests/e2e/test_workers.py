@@ -15,7 +15,8 @@ from extproc.harness import Stack, run_stack
 from tests.e2e.conftest import e2e_config, get_json, replay_outcome
 
 pytestmark = pytest.mark.e2e
-VOCABULARY = "alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega".split()
+VOCABULARY = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "theta", "kappa", "lambda",
+              "sigma", "omega"]
 SESSIONS, TURNS = 5, 4
 """An odd number of interleaved sessions: round robin cannot keep one on a worker by accident."""
 

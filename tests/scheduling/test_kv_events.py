@@ -13,13 +13,13 @@ import xxhash
 import zmq
 import zmq.asyncio
 
+from extproc.kv_subscriber import KVEventSubscriber
 from extproc.scheduling.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
     EventBatch,
     KVEventDecodeError,
-    KVEventSubscriber,
     PreciseKVIndex,
     decode_batch,
     decode_frames,

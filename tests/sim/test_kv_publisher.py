@@ -17,6 +17,7 @@ from aiohttp import web
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models, pre_tokenizers, trainers
 
+from extproc.kv_subscriber import KVEventSubscriber
 from extproc.prompt import render_prompt
 from extproc.request import parse_request
 from extproc.scheduling.kv_events import (
@@ -24,7 +25,6 @@ from extproc.scheduling.kv_events import (
     BlockRemoved,
     BlockStored,
     KVEvent,
-    KVEventSubscriber,
     PreciseKVIndex,
 )
 from extproc.sim.config import SimConfig, add_arguments
