@@ -40,7 +40,7 @@ class RunningService:
         await self.background.stop()
         await self.grpc_server.stop(grace=1.0)
         await self.http_runner.cleanup()
-        self.router.replay.close()
+        self.router.close()
 
 
 async def start(config: Config, router: Router | None = None) -> RunningService:

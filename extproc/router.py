@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+import xxhash
 from cachetools import TTLCache
 
 from .config import Config
@@ -27,6 +28,7 @@ from .replay import JsonlSink, ReplayStore
 from .request import parse_request
 from .saar import RoutingDecision, SaarEngine
 from .selection import Selector
+from .trace import MooncakeTraceWriter
 from .types import API_PATHS, Action, Api, Clock, RequestSummary, ResponseSummary, SessionIdentity
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
@@ -75,6 +77,10 @@ class _Pending:
     placement: Placement
     final: bool = False
     committed: bool = False
+    blocks: tuple[int, ...] = ()
+    """Prompt blocks, kept only when a Mooncake trace is written."""
+    delay: float | None = None
+    """Seconds since the session's previous response ended (the agent's tool time)."""
 
 
 class Router:
@@ -109,6 +115,11 @@ class Router:
         self.pools = Pools(config, clock=clock)
         sink = JsonlSink(config.replay.jsonl_path) if config.replay.jsonl_path else None
         self.replay = ReplayStore(config.replay.capacity, sink)
+        self._trace_sink = (
+            JsonlSink(config.replay.mooncake_trace_path)
+            if config.replay.mooncake_trace_path else None
+        )
+        self.trace = MooncakeTraceWriter(self._trace_sink.write) if self._trace_sink else None
         self._pending: TTLCache[str, _Pending] = TTLCache(
             maxsize=config.memory.max_sessions, ttl=PENDING_TTL_SECONDS, timer=clock
         )
@@ -149,7 +160,9 @@ class Router:
             self.metrics.errors.labels(exc.code).inc()
             raise
         replay_id = self.replay.new_id()
-        self._remember(replay_id, request, identity, decision, placement)
+        pending = self._remember(replay_id, request, identity, decision, placement)
+        if self.trace is not None:
+            pending.blocks = self.pools.blocks(prompt, decision.model)
         self.pools.started(placement, identity.key, request.context_tokens)
         if placement.worker is not None:
             self.metrics.worker_picks.labels(decision.model, placement.worker).inc()
@@ -202,6 +215,8 @@ class Router:
             self.memory.forget(pending.turn.session_key)
             self.pools.admission.release(pending.turn.session_key)
             self.metrics.live_sessions.set(len(self.memory))
+        if self.trace is not None:
+            self._trace(pending, response)
         self.replay.complete(
             replay_id,
             {
@@ -222,6 +237,25 @@ class Router:
             },
         )
 
+    def close(self) -> None:
+        """Flush the replay and trace sinks."""
+        self.replay.close()
+        if self._trace_sink is not None:
+            self._trace_sink.close()
+
+    def _trace(self, pending: _Pending, response: ResponseSummary) -> None:
+        assert self.trace is not None
+        key = pending.turn.session_key
+        usage = response.usage
+        self.trace.write(
+            session_id=None if key is None else xxhash.xxh3_64_hexdigest(key.encode()),
+            timestamp_ms=pending.started * 1000,
+            input_length=max(1, usage.prompt_tokens if usage else pending.turn.context_tokens),
+            output_length=usage.completion_tokens if usage else 0,
+            block_hashes=pending.blocks,
+            delay_ms=None if pending.delay is None else pending.delay * 1000,
+        )
+
     def api_of(self, replay_id: str) -> Api | None:
         pending = self._pending.get(replay_id)
         return pending.api if pending else None
@@ -235,7 +269,7 @@ class Router:
         identity: SessionIdentity,
         decision: RoutingDecision,
         placement: Placement,
-    ) -> None:
+    ) -> _Pending:
         now = self.clock()
         turn = Turn(
             identity.key,
@@ -247,8 +281,13 @@ class Router:
             replay_id,
             now,
         )
-        self._pending[replay_id] = _Pending(turn, request.api, now, placement, identity.final)
+        pending = _Pending(turn, request.api, now, placement, identity.final)
+        state = self.memory.session(identity.key)
+        if state is not None:
+            pending.delay = max(0.0, now - state.last_seen)
+        self._pending[replay_id] = pending
         self.replay.put(decision_record(replay_id, now, request, identity, decision, placement))
+        return pending
 
     def _count(self, api: Api, decision: RoutingDecision) -> None:
         self.metrics.requests.labels(api.value, decision.decision).inc()

@@ -225,3 +225,22 @@ def test_session_final_releases_memory(driver):
     assert len(driver.router.memory) == 1
     driver.router.response_finished(routed.replay_id, ResponseSummary(status=200))
     assert len(driver.router.memory) == 0
+
+
+def test_processor_writes_its_traffic_as_a_mooncake_trace(session_config, clock, tmp_path):
+    from extproc.clustersim.trace import read_trace
+
+    path = tmp_path / "trace.jsonl"
+    config = replace(session_config,
+                     replay=replace(session_config.replay, mooncake_trace_path=str(path)))
+    driver = Driver(config, clock)
+    driver.send(chat(HARD, context_chars=8_000), usage=Usage(2_000, 40, 0))
+    driver.send(chat(HARD, context_chars=8_000, results=("c",)), usage=Usage(2_050, 10, 1_990))
+    driver.router.close()
+    first, second = read_trace(path)
+    assert first.session_id == second.session_id and "s1" not in first.session_id
+    assert (first.input_length, first.output_length) == (2_000, 40)
+    # The second turn resends the first one's prompt: its leading block ids are the same.
+    assert second.hash_ids[: len(first.hash_ids) - 1] == first.hash_ids[:-1]
+    assert second.delay_ms == pytest.approx(5_000)
+    assert "storage" not in path.read_text()

@@ -1,20 +1,18 @@
-"""Mooncake-format traces (JSONL): read them for replay, write them from live traffic.
+"""Mooncake-format traces (JSONL) read for replay; ``extproc.trace`` writes them.
 
 A row is ``{"timestamp": ms, "input_length", "output_length", "hash_ids": [int...]}`` plus, for
 agentic traffic, ``session_id`` and ``delay`` (ms of tool time after the session's previous
 call ended). Each hash id names one block of ``block_size`` tokens and rows share a prefix
 exactly when they share leading ids, so a trace carries cache behaviour without any content.
-``TraceWriter`` depends on nothing of the simulator: the live processor can dump its traffic.
 """
 
 from __future__ import annotations
 
 import json
-import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from .workload import Script, Step
 
@@ -59,45 +57,6 @@ def _row(data: dict[str, Any]) -> TraceRow:
     if row.input_length < 1 or row.output_length < 0:
         raise ValueError("input_length must be >= 1 and output_length >= 0")
     return row
-
-
-class TraceWriter:
-    """Appends content-free Mooncake rows: block hashes become small ids in first-seen order,
-    so equal prefixes keep equal ids and nothing of the prompt can be recovered."""
-
-    def __init__(self, sink: str | Path | IO[str]) -> None:
-        self._owned = isinstance(sink, str | Path)
-        if isinstance(sink, str | Path):
-            self._out: IO[str] = open(sink, "a", encoding="utf-8")  # noqa: SIM115 - see close()
-        else:
-            self._out = sink
-        self._ids: dict[int, int] = {}
-        self._lock = threading.Lock()
-
-    def write(self, *, session_id: str | None, timestamp_ms: float, input_length: int,
-              output_length: int, block_hashes: Sequence[int],
-              delay_ms: float | None = None) -> None:
-        with self._lock:
-            ids = [self._ids.setdefault(h, len(self._ids)) for h in block_hashes]
-            row: dict[str, Any] = {"timestamp": round(timestamp_ms, 3),
-                                   "input_length": input_length,
-                                   "output_length": output_length, "hash_ids": ids}
-            if session_id is not None:
-                row["session_id"] = session_id
-            if delay_ms is not None:
-                row["delay"] = round(delay_ms, 3)
-            self._out.write(json.dumps(row, separators=(",", ":")) + "\n")
-            self._out.flush()
-
-    def close(self) -> None:
-        if self._owned:
-            self._out.close()
-
-    def __enter__(self) -> TraceWriter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def scripts_from_trace(rows: Iterable[TraceRow]) -> list[Script]:

@@ -10,8 +10,9 @@ from extproc.clustersim.blocks import Stream
 from extproc.clustersim.engine import CostModel, EngineWorker, SimRequest, WorkerSpec
 from extproc.clustersim.runner import Experiment, run_matrix, to_json
 from extproc.clustersim.simulation import ClusterSpec
-from extproc.clustersim.trace import TraceWriter, read_trace, scripts_from_trace
+from extproc.clustersim.trace import read_trace, scripts_from_trace
 from extproc.clustersim.workload import AgenticWorkload
+from extproc.trace import MooncakeTraceWriter
 
 SMALL = Experiment(
     cluster=ClusterSpec(workers=2, worker=WorkerSpec(capacity_tokens=256_000)),
@@ -64,7 +65,8 @@ def test_admission_holds_only_at_tool_boundaries() -> None:
 def test_trace_round_trip_and_replay(tmp_path) -> None:  # type: ignore[no-untyped-def]
     path = tmp_path / "trace.jsonl"
     shared = [2**60 + i for i in range(4)]
-    with TraceWriter(path) as writer:
+    with path.open("w") as out:
+        writer = MooncakeTraceWriter(lambda row: out.write(json.dumps(row) + "\n"))
         for turn in range(3):
             for session in ("a", "b"):
                 blocks = [*shared, hash((session, turn)) & (2**63 - 1)]
