@@ -162,6 +162,8 @@ class Health:
 class Replay:
     capacity: int = 10_000
     jsonl_path: str | None = None
+    mooncake_trace_path: str | None = None
+    """Also write every request as a content-free Mooncake trace row (``saar simulate --trace``)."""
 
 
 @dataclass(frozen=True)
