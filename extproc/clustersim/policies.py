@@ -71,7 +71,7 @@ def build_policy(name: str, *, scheduling: Scheduling, block_size: int, seed: in
         load = {k: w for k, w in scheduling.scorers.items() if k in ("queue", "kv_utilization")}
         scheduling = replace(scheduling, scorers=load or {"queue": 1.0})
     index = ApproximatePrefixIndex.from_config(scheduling.prefix)
-    scheduler = from_config(scheduling, index=index, rng=random.Random(seed))
+    scheduler = from_config(scheduling, index=index, rng=random.Random(seed), clock=clock)
     if name != "kv_aware_admission":
         return SchedulerPolicy(name, scheduler, index)
     admission = replace(scheduling.admission, enabled=True)

@@ -14,6 +14,7 @@ from .picker import MaxScorePicker
 from .prefix_index import ApproximatePrefixIndex
 from .scheduler import Scheduler, from_config
 from .scorers import KvUtilizationScorer, PrefixScorer, QueueScorer
+from .sessions import ActiveSessionsScorer
 from .signals import Signals, parse_metrics
 from .types import (
     Filter,
@@ -28,6 +29,7 @@ from .types import (
 from .workers import WorkerRegistry, load_workers_file
 
 __all__ = [
+    "ActiveSessionsScorer",
     "AdmissionController",
     "AdmissionTick",
     "ApproximatePrefixIndex",

@@ -18,6 +18,7 @@ from .cost import DynamoCost
 from .filters import HealthyFilter, SubsetFilter
 from .picker import MaxScorePicker
 from .scorers import KvUtilizationScorer, PrefixScorer, QueueScorer
+from .sessions import ActiveSessionsScorer
 from .types import (
     Filter,
     Picker,
@@ -128,26 +129,33 @@ def from_config(
     rng: random.Random,
     max_sessions: int = 100_000,
     timer: Callable[[], float] = time.perf_counter,
+    clock: Callable[[], float] = time.monotonic,
 ) -> Scheduler:
     """The scheduler ``config`` describes: the subset and healthy filters, the named scorers with
     their weights (zero-weight ones left out; none in the Dynamo cost form), a seeded max-score
-    picker."""
+    picker. ``clock`` ages the active-sessions scorer's placements (a simulator's virtual
+    time)."""
     affinity = SessionAffinityScorer(max_sessions)
+    sessions = ActiveSessionsScorer(
+        idle_seconds=config.session_idle_seconds, clock=clock, max_sessions=max_sessions
+    )
     available: dict[str, Scorer] = {
         "prefix": PrefixScorer(index),
         "queue": QueueScorer(),
         "kv_utilization": KvUtilizationScorer(),
         "session_affinity": affinity,
+        "active_sessions": sessions,
     }
     dynamo = config.cost_form == "dynamo"
     scorers = [] if dynamo else [(available[n], w) for n, w in config.scorers.items() if w]
+    used = {id(s) for s, _ in scorers}
     return Scheduler(
         scorers,
         MaxScorePicker(rng),
         [SubsetFilter(), HealthyFilter()],
         index,
         cost=DynamoCost(config.overlap_weight) if dynamo else None,
-        observers=[affinity] if any(s is affinity for s, _ in scorers) else [],
+        observers=[o for o in (affinity, sessions) if id(o) in used],
         max_waiting=config.max_waiting_per_worker,
         timer=timer,
     )

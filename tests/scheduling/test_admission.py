@@ -16,7 +16,10 @@ BUFFER = 100
 
 
 def controller(clock: FakeClock, **overrides: float) -> AdmissionController:
-    return AdmissionController(Admission(enabled=True, **overrides), clock=clock)  # type: ignore[arg-type]
+    """ThunderAgent's published thresholds, which these tests were written against."""
+    thresholds = {"pause_threshold": 0.95, "resume_target": 0.80, "demote_threshold": 0.80}
+    config = Admission(enabled=True, **{**thresholds, **overrides})  # type: ignore[arg-type]
+    return AdmissionController(config, clock=clock)
 
 
 def acting(ac: AdmissionController, key: str, tokens: int, worker: str = "w") -> None:

@@ -7,7 +7,8 @@ import extproc.scheduling as scheduling
 
 def test_the_public_surface_is_pinned() -> None:
     assert sorted(scheduling.__all__) == [
-        "AdmissionController", "AdmissionTick", "ApproximatePrefixIndex", "DynamoCost", "Filter",
+        "ActiveSessionsScorer", "AdmissionController", "AdmissionTick", "ApproximatePrefixIndex",
+        "DynamoCost", "Filter",
         "HealthyFilter", "KvUtilizationScorer", "MaxScorePicker", "PickObserver", "Picker",
         "PrefixIndex", "PrefixScorer", "QueueScorer", "ScheduleResult", "Scheduler",
         "SchedulingRequest", "Scorer", "SessionAffinityScorer", "Signals", "SubsetFilter",
@@ -17,7 +18,7 @@ def test_the_public_surface_is_pinned() -> None:
 
 def test_the_core_imports_neither_grpc_nor_asyncio() -> None:
     for name in ("admission", "affinity", "cost", "filters", "picker", "prefix_index",
-                 "scheduler", "scorers", "signals", "types", "workers"):
+                 "scheduler", "scorers", "sessions", "signals", "types", "workers"):
         module = sys.modules[f"extproc.scheduling.{name}"]
         source = open(module.__file__ or "").read()  # noqa: SIM115
         assert "import asyncio" not in source and "grpc" not in source, name
