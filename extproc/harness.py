@@ -42,7 +42,7 @@ def envoy_binary() -> str:
     return found
 
 
-def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = READY_TIMEOUT) -> None:
+def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = READY_TIMEOUT) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -120,7 +120,7 @@ def run_stack(
                      "--port", str(port), "--model", model_name,
                      "--instance-id", f"{model_name}-{index}", *sim_args],
                 )
-                _wait_http(f"http://127.0.0.1:{port}/health", proc)
+                wait_http(f"http://127.0.0.1:{port}/health", proc)
                 endpoints.append(f"127.0.0.1:{port}")
             model["endpoints"] = endpoints
             sims[model_name] = [f"http://{e}" for e in endpoints]
@@ -132,10 +132,10 @@ def run_stack(
         if processor is None:
             argv = [sys.executable, "-m", "extproc", "serve", "--config", str(config_path)]
             proc = spawn("processor", argv)
-            _wait_http(f"http://127.0.0.1:{http_port}/healthz", proc)
+            wait_http(f"http://127.0.0.1:{http_port}/healthz", proc)
         else:
             proc = spawn("processor", processor(grpc_port))
-            _wait_tcp(grpc_port, proc)
+            wait_tcp(grpc_port, proc)
         ports = EnvoyPorts(listen=free_port(), admin=free_port(), processor_port=grpc_port)
         access_log = tmp / "access.log"
         envoy_yaml = tmp / "envoy.yaml"
@@ -145,7 +145,7 @@ def run_stack(
         envoy_yaml.write_text(yaml.safe_dump(envoy_doc, sort_keys=False))
         proc = spawn("envoy", [envoy_binary(), "-c", str(envoy_yaml), "--log-level", "warn",
                                "--concurrency", "1", "--use-dynamic-base-id"])
-        _wait_http(f"http://127.0.0.1:{ports.admin}/ready", proc)
+        wait_http(f"http://127.0.0.1:{ports.admin}/ready", proc)
         yield Stack(
             tmp, f"http://127.0.0.1:{ports.listen}", f"http://127.0.0.1:{http_port}",
             f"http://127.0.0.1:{ports.admin}", sims, config_path, access_log, procs,
@@ -156,7 +156,7 @@ def run_stack(
             log.close()
 
 
-def _wait_tcp(port: int, proc: subprocess.Popen[bytes], timeout: float = READY_TIMEOUT) -> None:
+def wait_tcp(port: int, proc: subprocess.Popen[bytes], timeout: float = READY_TIMEOUT) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 import yaml
 
-from ..harness import _wait_http, envoy_binary, free_port
+from ..harness import envoy_binary, free_port, wait_http
 
 MAX_REQUEST_BYTES = 32 * 1024 * 1024
 COMPLETION = {
@@ -103,7 +103,7 @@ def canned_upstream(workdir: Path) -> Iterator[str]:
             stdout=log, stderr=subprocess.STDOUT,
         )
         try:
-            _wait_http(f"http://127.0.0.1:{admin}/ready", proc)
+            wait_http(f"http://127.0.0.1:{admin}/ready", proc)
             yield f"127.0.0.1:{listen}"
         finally:
             proc.terminate()

@@ -23,12 +23,6 @@ pytestmark = pytest.mark.e2e
 RESULT_KEYS = {"variant", "body", "concurrency", "p50_ms", "p99_ms", "rps", "requests", "non_200"}
 
 
-@pytest.fixture(autouse=True)
-def _needs_envoy() -> None:
-    if not shutil.which("envoy"):
-        pytest.skip("envoy binary not on PATH")
-
-
 def test_bodies_have_exact_sizes() -> None:
     for name, size in SIZES.items():
         for model in ("auto", "qwen3-8b"):
