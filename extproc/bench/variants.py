@@ -11,7 +11,7 @@ from ..envoy_config import OBSERVER, PROCESSOR
 
 Bootstrap = dict[str, Any]
 VARIANTS = ("envoy", "passthrough", "saar")
-EXTRA_VARIANTS = ("saar-single",)
+EXTRA_VARIANTS = ("saar-single", "saar-route-only")
 
 
 def _http_filters(doc: Bootstrap) -> list[dict[str, Any]]:
@@ -52,11 +52,19 @@ def saar_single(doc: Bootstrap) -> Bootstrap:
     return doc
 
 
+def saar_route_only(doc: Bootstrap) -> Bootstrap:
+    """Only the routing filter, nothing observed: what the response side costs, by difference."""
+    filters = _http_filters(doc)
+    filters[:] = [filters[0], filters[-1]]
+    return doc
+
+
 TRANSFORMS: dict[str, Callable[[Bootstrap], Bootstrap]] = {
     "envoy": envoy_only,
     "passthrough": passthrough,
     "saar": saar,
     "saar-single": saar_single,
+    "saar-route-only": saar_route_only,
 }
 
 
