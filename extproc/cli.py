@@ -142,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     overhead.add_argument("--json", action="store_true", help="last stdout line is JSON")
     overhead.add_argument("--config", default=None, help="default: config/example.yaml")
     overhead.add_argument("--variants", default="envoy,passthrough,saar",
-                          help="comma-separated; also saar-single, saar-route-only")
+                          help="comma-separated; also saar-two-streams, saar-route-only")
     overhead.add_argument("--warmup", type=float, default=1.0, help="seconds per cell")
     overhead.add_argument("--duration", type=float, default=4.0, help="seconds per cell")
     overhead.add_argument("--client", choices=("auto", "wrk", "python"), default="auto",

@@ -30,6 +30,7 @@ DIAGNOSTIC_HEADERS = {
 }
 WORKER_HEADER = "x-saar-worker"
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
+OBSERVE_HEADER = "x-saar-observe"
 PROCESSOR = "saar_extproc"
 OBSERVER = "saar_extproc_observe"
 
@@ -71,14 +72,30 @@ def bootstrap(
                     ]
                     + [_add_header(WORKER_HEADER, "%UPSTREAM_REMOTE_ADDRESS%")],
                     "routes": [
+                        # Streamed answers: the observe filter reads them without holding them.
+                        {
+                            "match": {
+                                "prefix": "/",
+                                "headers": [
+                                    {"name": cluster_header, "present_match": True},
+                                    {"name": OBSERVE_HEADER, "present_match": True},
+                                ],
+                            },
+                            "route": {"cluster_header": cluster_header, "timeout": "0s"},
+                        },
                         {
                             "match": {
                                 "prefix": "/",
                                 "headers": [{"name": cluster_header, "present_match": True}],
                             },
                             "route": {"cluster_header": cluster_header, "timeout": "0s"},
+                            "typed_per_filter_config": _observe_off(),
                         },
-                        {"match": {"prefix": "/"}, "route": {"cluster": default_cluster}},
+                        {
+                            "match": {"prefix": "/"},
+                            "route": {"cluster": default_cluster},
+                            "typed_per_filter_config": _observe_off(),
+                        },
                     ],
                 }
             ],
@@ -117,8 +134,19 @@ def bootstrap(
     }
 
 
+def _observe_off() -> dict[str, Any]:
+    return {
+        "saar-observe": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3."
+            "ExtProcPerRoute",
+            "disabled": True,
+        }
+    }
+
+
 def _routing_filter() -> dict[str, Any]:
-    """Blocking: headers + buffered body; the body reply routes and rewrites the request."""
+    """One stream per request: headers, the buffered body (the reply routes and rewrites it),
+    the response headers and — switched on per request — a JSON answer's buffered body."""
     return {
         "name": "saar",
         "typed_config": {
@@ -136,7 +164,7 @@ def _routing_filter() -> dict[str, Any]:
             "processing_mode": {
                 "request_header_mode": "SEND",
                 "request_body_mode": "BUFFERED",
-                "response_header_mode": "SKIP",
+                "response_header_mode": "SEND",
                 "response_body_mode": "NONE",
                 "request_trailer_mode": "SKIP",
                 "response_trailer_mode": "SKIP",
@@ -151,7 +179,8 @@ def _routing_filter() -> dict[str, Any]:
 
 
 def _observe_filter() -> dict[str, Any]:
-    """Non-blocking: the response streams past the processor, which learns ids and usage."""
+    """Non-blocking, and on only for streamed (SSE) answers (by route): the chunks stream past
+    the processor, which learns ids and usage without holding any of them."""
     return {
         "name": "saar-observe",
         "typed_config": {
@@ -169,7 +198,7 @@ def _observe_filter() -> dict[str, Any]:
             "processing_mode": {
                 "request_header_mode": "SKIP",
                 "request_body_mode": "NONE",
-                "response_header_mode": "SEND",
+                "response_header_mode": "SKIP",
                 "response_body_mode": "STREAMED",
                 "request_trailer_mode": "SKIP",
                 "response_trailer_mode": "SKIP",

@@ -23,24 +23,14 @@ class ResponseObserver:
 
     ``done`` does not wait for the end of the HTTP body: a client that stops reading at the
     stream's terminal event (``[DONE]``, ``response.completed``, ``message_stop``) and hangs up
-    leaves Envoy without an end-of-stream, so the terminal event, or the full content-length of
-    a document, completes the response.
+    leaves Envoy without an end-of-stream, so the terminal event completes the response.
     """
 
-    def __init__(
-        self,
-        api: Api,
-        *,
-        streaming: bool,
-        status: int = 200,
-        expected_length: int | None = None,
-    ) -> None:
+    def __init__(self, api: Api, *, streaming: bool) -> None:
         self.api = api
         self.streaming = streaming
-        self.summary = ResponseSummary(status=status)
+        self.summary = ResponseSummary()
         self.done = False
-        self._expected_length = expected_length
-        self._received = 0
         self._buffer = bytearray()
         self._overflow = False
 
@@ -58,13 +48,11 @@ class ResponseObserver:
                 self._buffer.clear()
             self.done = self.done or end
             return
-        self._received += len(chunk)
         if len(self._buffer) + len(chunk) > MAX_BUFFERED_BODY:
             self._overflow = True
         if not self._overflow:
             self._buffer += chunk
-        complete = self._expected_length is not None and self._received >= self._expected_length
-        if end or complete:
+        if end:
             if not self._overflow:
                 self._on_document(self._load(bytes(self._buffer)))
             self._buffer.clear()

@@ -54,6 +54,8 @@ class Routed:
     """Response headers for the client (Envoy adds them from dynamic metadata)."""
     workers: tuple[str, ...] = ()
     """The picked worker first, then fallbacks; empty when Envoy's balancer decides."""
+    stream: bool = False
+    """The client asked for a streamed (SSE) answer."""
 
 
 class SessionPaused(RateLimited):
@@ -77,6 +79,7 @@ class _Pending:
     placement: Placement
     final: bool = False
     committed: bool = False
+    status: int = 0
     blocks: tuple[int, ...] = ()
     """Prompt blocks, kept only when a Mooncake trace is written."""
     delay: float | None = None
@@ -179,6 +182,7 @@ class Router:
             body,
             diagnostics(replay_id, decision, request),
             placement.workers,
+            request.stream,
         )
 
     def response_started(self, replay_id: str, status: int) -> None:
@@ -187,6 +191,7 @@ class Router:
         if pending is None:
             return
         model = pending.turn.model
+        pending.status = status
         self.health.record(model, status)
         self.metrics.responses.labels(model, f"{status // 100}xx").inc()
         if 200 <= status < 300 and not pending.committed:
@@ -220,7 +225,7 @@ class Router:
         self.replay.complete(
             replay_id,
             {
-                "status": response.status,
+                "status": pending.status,
                 "model": response.model,
                 "latency_ms": round((self.clock() - pending.started) * 1000, 3),
                 "finish_reason": response.finish_reason,

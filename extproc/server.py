@@ -2,11 +2,14 @@
 
 Two filters in Envoy talk to this one service (see ``envoy/envoy.yaml``):
 
-* ``saar`` (request path, blocking): request headers, then the buffered body. The body reply
-  sets the cluster header, rewrites the model, clears the route cache and emits dynamic metadata
-  that Envoy turns into the ``x-saar-*`` response headers — no response phase needed.
-* ``saar-observe`` (``observability_mode``, never waits): response headers and streamed body
-  chunks, carrying our metadata back, from which ownership and usage are learnt.
+* ``saar`` (one stream per request): request headers, then the buffered body — the reply sets the
+  cluster header, rewrites the model, clears the route cache and emits dynamic metadata that
+  Envoy turns into the ``x-saar-*`` response headers; then the response headers (the upstream
+  answered: commit the turn) and, for a JSON answer, its buffered body (ids, usage), switched on
+  per request with a mode override. Everything on one stream: each extra stream costs a Python
+  processor more than an extra message on an open one (see the README's measurements).
+* ``saar-observe`` (``observability_mode``: never waits), enabled by route only for streamed
+  (SSE) answers, which must not wait on the processor chunk by chunk.
 
 ``ExtProcStream`` is sans-IO: feed it ``ProcessingRequest`` messages, it returns the replies.
 """
@@ -28,6 +31,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from envoy.type.v3 import http_status_pb2
 from google.protobuf import duration_pb2, struct_pb2
 
+from .envoy_config import OBSERVE_HEADER
 from .errors import MalformedRequest, RoutingError
 from .response import ResponseObserver
 from .router import DESTINATION_HEADER, Routed, Router, SessionPaused, api_for
@@ -41,7 +45,11 @@ SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 HOLD_POLL_SECONDS = 0.05
 _OVERWRITE = core.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
-_SKIP_BODY = pm.ProcessingMode(request_body_mode=pm.ProcessingMode.NONE)
+_PASS_THROUGH = pm.ProcessingMode(
+    request_body_mode=pm.ProcessingMode.NONE, response_header_mode=pm.ProcessingMode.SKIP
+)
+_BUFFER_RESPONSE = pm.ProcessingMode(response_body_mode=pm.ProcessingMode.BUFFERED)
+
 
 
 def _header(key: str, value: str) -> core.HeaderValueOption:
@@ -89,6 +97,8 @@ def routed_response(routed: Routed, cluster_header: str) -> ep.ProcessingRespons
         headers.append(_header("content-length", str(len(routed.body))))
     metadata = struct_pb2.Struct()
     metadata.update({METADATA_NAMESPACE: _metadata(routed)})
+    if routed.stream:
+        headers.append(_header(OBSERVE_HEADER, "1"))
     if routed.workers:
         # The Gateway API Inference Extension's contract: the pick in the header, the pick and
         # its fallbacks (for Envoy's retries) in envoy.lb metadata.
@@ -143,20 +153,25 @@ class ExtProcStream:
         self._replay_id: str | None = None
         self._finished = False
         self._observing = False
+        self._replied = False
 
     def handle(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse | Hold | None:
         kind = request.WhichOneof("request")
-        if kind in ("response_headers", "response_body"):
-            # Only the observe filter asks for the response. Envoy leaves observability_mode
-            # unset on the final end_of_stream message, so the kind decides, not the flag.
+        if request.observability_mode or self._observing:
+            # Envoy leaves observability_mode unset on an observe stream's last message.
+            self._observing = True
             self._observe(request)
-            return None if request.observability_mode or self._observing else _passthrough(kind)
+            return None
         try:
             if kind == "request_headers":
                 self._subset = _subset(request)
                 return self._on_request_headers(request.request_headers)
             if kind == "request_body":
                 return self._on_request_body(request.request_body)
+            if kind == "response_headers":
+                return self._on_response_headers(request.response_headers)
+            if kind == "response_body":
+                return self._on_response_body(request.response_body)
         except SessionPaused as exc:
             admission = self._router.config.scheduling.admission
             if admission.on_paused == "hold":
@@ -176,13 +191,13 @@ class ExtProcStream:
             )
         except RoutingError as exc:
             return error_response(exc, self._api)
-        return routed_response(routed, self._router.config.routing.cluster_header)
+        return self._routed(routed)
 
     @property
     def observed(self) -> bool:
         """An observe stream with nothing left to learn: ending it now frees Envoy's stream
         (otherwise held for ``deferred_close_timeout`` after the request)."""
-        return self._observing and (self._finished or self._observer is None)
+        return self._observing and self._finished
 
     def close(self) -> None:
         """The stream ended; a response that never reached end_of_stream still closes its turn."""
@@ -200,7 +215,7 @@ class ExtProcStream:
             reply = ep.ProcessingResponse(
                 request_headers=ep.HeadersResponse(response=_continue_headers(remove))
             )
-            reply.mode_override.CopyFrom(_SKIP_BODY)
+            reply.mode_override.CopyFrom(_PASS_THROUGH)
             return reply
         if message.end_of_stream:
             raise MalformedRequest("request has no body; a JSON body with a model is required")
@@ -212,37 +227,64 @@ class ExtProcStream:
         if self._api is None:
             return _passthrough("request_body")
         self._body = message.body
-        routed = self._router.route(self._api, self._headers, message.body, subset=self._subset)
+        return self._routed(
+            self._router.route(self._api, self._headers, message.body, subset=self._subset)
+        )
+
+    def _routed(self, routed: Routed) -> ep.ProcessingResponse:
+        self._replay_id = routed.replay_id
         return routed_response(routed, self._router.config.routing.cluster_header)
 
-    # -- response path (observability mode: replies are ignored by Envoy) ------------------
+    # -- response path ---------------------------------------------------------------------
+
+    def _on_response_headers(self, message: ep.HttpHeaders) -> ep.ProcessingResponse:
+        """The upstream answered (or Envoy did, e.g. no healthy upstream): commit or not, and
+        read a JSON answer's body in one more message on this stream."""
+        reply = _passthrough("response_headers")
+        api = self._router.api_of(self._replay_id) if self._replay_id else None
+        if api is None or self._replay_id is None:
+            return reply
+        headers = _headers_dict(message)
+        self._router.response_started(self._replay_id, int(headers.get(":status", "0") or 0))
+        if headers.get("content-type", "").startswith("text/event-stream"):
+            return reply  # the observe filter reads the stream without holding it
+        self._observer = ResponseObserver(api, streaming=False)
+        if message.end_of_stream:
+            self._observer.feed(b"", end=True)
+            self._finish()
+        else:
+            reply.mode_override.CopyFrom(_BUFFER_RESPONSE)
+        return reply
+
+    def _on_response_body(self, message: ep.HttpBody) -> ep.ProcessingResponse:
+        if self._observer is not None and not self._finished:
+            self._observer.feed(message.body, end=True)
+            self._finish()
+        return _passthrough("response_body")
 
     def _observe(self, request: ep.ProcessingRequest) -> None:
-        kind = request.WhichOneof("request")
-        self._observing = self._observing or request.observability_mode
-        if kind == "response_headers":
+        """An observe stream: the streamed (SSE) body of a routed request, chunk by chunk."""
+        if self._observer is None:
             fields = request.metadata_context.filter_metadata.get(METADATA_NAMESPACE)
             replay_id = fields.fields["replay_id"].string_value if fields else ""
             api = self._router.api_of(replay_id) if replay_id else None
             if api is None:
+                self._finished = True
                 return
-            headers = _headers_dict(request.response_headers)
-            status = int(headers.get(":status", "0") or 0)
             self._replay_id = replay_id
-            self._router.response_started(replay_id, status)
-            streaming = headers.get("content-type", "").startswith("text/event-stream")
-            length = headers.get("content-length")
-            self._observer = ResponseObserver(
-                api, streaming=streaming, status=status,
-                expected_length=int(length) if length and length.isdigit() else None,
+            self._observer = ResponseObserver(api, streaming=True)
+        kind = request.WhichOneof("request")
+        if kind == "response_headers":  # only when the observe filter is sent headers too
+            headers = _headers_dict(request.response_headers)
+            self._router.response_started(self._replay_id, int(headers.get(":status", "0") or 0))
+            self._observer.streaming = headers.get("content-type", "").startswith(
+                "text/event-stream"
             )
-            if request.response_headers.end_of_stream:
-                self._observer.feed(b"", end=True)
-        elif kind == "response_body" and self._observer is not None and not self._finished:
+        elif kind == "response_body" and not self._finished:
             body = request.response_body
             self._observer.feed(body.body, end=body.end_of_stream)
-        if self._observer is not None and self._observer.done and not self._finished:
-            self._finish()
+            if self._observer.done:
+                self._finish()
 
     def _finish(self) -> None:
         assert self._observer is not None and self._replay_id is not None

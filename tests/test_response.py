@@ -97,9 +97,9 @@ def test_anthropic_stream_signature_and_usage():
 
 
 def test_garbage_body_is_ignored_not_raised():
-    observer = ResponseObserver(Api.CHAT, streaming=False, status=502)
+    observer = ResponseObserver(Api.CHAT, streaming=False)
     observer.feed(b"<html>bad gateway</html>", end=True)
-    assert observer.summary.status == 502
+    assert observer.done
     assert observer.summary.tool_call_ids == []
 
 
@@ -110,13 +110,3 @@ def test_terminal_event_completes_without_end_of_stream():
     assert not observer.done
     observer.feed(b"data: [DONE]\n\n")
     assert observer.done
-
-
-def test_document_completes_at_content_length():
-    doc = orjson.dumps({"model": "m", "choices": [{"message": {"content": "x"},
-                                                   "finish_reason": "stop"}]})
-    observer = ResponseObserver(Api.CHAT, streaming=False, expected_length=len(doc))
-    observer.feed(doc[:5])
-    assert not observer.done
-    observer.feed(doc[5:])
-    assert observer.done and observer.summary.finish_reason == "stop"

@@ -97,43 +97,78 @@ def test_oversized_body_is_413(config, clock):
     assert stream.handle(body_msg(BODY)).immediate_response.status.code == 413
 
 
-def observe(router: Router, replay_id: str, status: str, chunks: list[bytes],
-            content_type: str = "application/json") -> None:
-    stream = ExtProcStream(router)
-    meta = ep.ProcessingRequest(observability_mode=True)
-    meta.metadata_context.filter_metadata["saar"].update({"replay_id": replay_id})
-    msg = ep.ProcessingRequest()
-    msg.CopyFrom(meta)
-    msg.response_headers.CopyFrom(ep.HttpHeaders(headers=core.HeaderMap(headers=[
+def response_headers(status: str, content_type: str) -> ep.ProcessingRequest:
+    return ep.ProcessingRequest(response_headers=ep.HttpHeaders(headers=core.HeaderMap(headers=[
         core.HeaderValue(key=":status", raw_value=status.encode()),
         core.HeaderValue(key="content-type", raw_value=content_type.encode())])))
-    assert stream.handle(msg) is None
-    for i, chunk in enumerate(chunks):
-        msg = ep.ProcessingRequest()
-        msg.CopyFrom(meta)
-        msg.response_body.CopyFrom(ep.HttpBody(body=chunk, end_of_stream=i == len(chunks) - 1))
-        assert stream.handle(msg) is None
-    # Once the response is understood the processor ends the stream itself.
-    assert stream.observed == bool(chunks)
-    stream.close()
 
 
-def test_observed_response_commits_memory_and_ownership(router):
+def routed_stream(router: Router, body: bytes = BODY) -> tuple[ExtProcStream, str]:
     stream = ExtProcStream(router)
     stream.handle(headers_msg(CHAT))
-    meta = stream.handle(body_msg(BODY)).dynamic_metadata.fields["saar"].struct_value.fields
-    replay_id = meta["replay_id"].string_value
-    doc = orjson.dumps({"model": "qwen3-32b", "choices": [{"message": {"tool_calls": [
-        {"id": "call_9", "function": {"name": "t"}}]}, "finish_reason": "tool_calls"}]})
-    observe(router, replay_id, "200", [doc[:10], doc[10:], b""])
+    meta = stream.handle(body_msg(body)).dynamic_metadata.fields["saar"].struct_value.fields
+    return stream, meta["replay_id"].string_value
+
+
+TOOL_CALL = orjson.dumps({"model": "qwen3-32b", "choices": [{"message": {"tool_calls": [
+    {"id": "call_9", "function": {"name": "t"}}]}, "finish_reason": "tool_calls"}]})
+
+
+def test_json_answer_is_read_on_the_same_stream(router):
+    stream, replay_id = routed_stream(router)
+    reply = stream.handle(response_headers("200", "application/json"))
+    # The upstream answered: the turn is committed, and the JSON body is asked for, buffered.
+    assert reply.mode_override.response_body_mode == 2  # BUFFERED
+    assert router.memory.session(router.replay.get(replay_id)["session"]["tenant"] + "/s")
+    reply = stream.handle(ep.ProcessingRequest(
+        response_body=ep.HttpBody(body=TOOL_CALL, end_of_stream=True)))
+    assert reply.HasField("response_body")
     assert router.memory.owner(["call_9"]) == "qwen3-32b"
-    assert router.replay.get(replay_id)["outcome"]["finish_reason"] == "tool_calls"
+    outcome = router.replay.get(replay_id)["outcome"]
+    assert (outcome["status"], outcome["finish_reason"]) == (200, "tool_calls")
+
+
+def test_failed_upstream_does_not_commit(router):
+    stream, _ = routed_stream(router)
+    stream.handle(response_headers("503", "application/json"))
+    assert len(router.memory) == 0
+
+
+def observe(router: Router, replay_id: str, chunks: list[bytes], end: bool = True
+            ) -> ExtProcStream:
+    """The observe filter's stream: metadata on every message, observability_mode on all but
+    the end-of-stream one (as Envoy sends it)."""
+    stream = ExtProcStream(router)
+    for i, chunk in enumerate(chunks):
+        last = end and i == len(chunks) - 1
+        msg = ep.ProcessingRequest(observability_mode=i == 0 or not last)
+        msg.metadata_context.filter_metadata["saar"].update({"replay_id": replay_id})
+        msg.response_body.CopyFrom(ep.HttpBody(body=chunk, end_of_stream=last))
+        assert stream.handle(msg) is None
+    return stream
+
+
+def sse(*events: dict) -> bytes:
+    return b"".join(b"data: " + orjson.dumps(e) + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+
+
+def test_streamed_answer_is_observed_without_holding_it(router):
+    stream, replay_id = routed_stream(
+        router, orjson.dumps({"model": "auto", "stream": True,
+                              "messages": [{"role": "user", "content": "refactor it"}]}))
+    reply = stream.handle(response_headers("200", "text/event-stream"))
+    assert not reply.HasField("mode_override")  # no body on the blocking stream
+    data = sse({"choices": [{"delta": {"tool_calls": [{"index": 0, "id": "call_s"}]}}]})
+    observer = observe(router, replay_id, [data[:20], data[20:], b""])
+    # Once the response is understood the processor ends the stream itself.
+    assert observer.observed
+    assert router.memory.owner(["call_s"]) == "qwen3-32b"
 
 
 def test_stream_cut_short_still_closes_the_turn(router):
-    stream = ExtProcStream(router)
-    stream.handle(headers_msg(CHAT))
-    meta = stream.handle(body_msg(BODY)).dynamic_metadata.fields["saar"].struct_value.fields
-    replay_id = meta["replay_id"].string_value
-    observe(router, replay_id, "200", [], content_type="text/event-stream")
+    stream, replay_id = routed_stream(router)
+    stream.handle(response_headers("200", "text/event-stream"))
+    observer = observe(router, replay_id, [b"data: {\"choices\": []}\n\n"], end=False)
+    assert not observer.observed
+    observer.close()
     assert router.replay.get(replay_id)["outcome"]["status"] == 200
