@@ -81,11 +81,13 @@ class RouterMemory:
             found = self._owners.get(key, found)
         return found
 
-    def commit(self, turn: Turn) -> SessionState | None:
-        """Write a turn the upstream accepted. A failed request never reaches this: no switch."""
+    def commit(self, turn: Turn) -> str | None:
+        """Write a turn the upstream accepted (a failed request never reaches this: no switch);
+        returns the model the session was on before."""
         if turn.session_key is None:
             return None
         state = self._sessions.get(turn.session_key)
+        before = None if state is None else state.model
         if state is None:
             state = SessionState(turn.model, turn.decision, turn.phase, turn.started)
         if turn.switched and state.model != turn.model:
@@ -102,7 +104,7 @@ class RouterMemory:
         state.context_tokens = turn.context_tokens
         state.last_replay_id = turn.replay_id
         self._sessions[turn.session_key] = state
-        return state
+        return before
 
     def record_response(self, turn: Turn, response: ResponseSummary) -> None:
         """Remember the ids this response made ``turn.model`` own, and its cache evidence."""

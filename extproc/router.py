@@ -9,13 +9,13 @@ the very same object without Envoy or gRPC.
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 import xxhash
-from cachetools import TTLCache
 
 from .config import Config
 from .errors import RateLimited, RoutingError
@@ -86,6 +86,30 @@ class _Pending:
     """Seconds since the session's previous response ended (the agent's tool time)."""
 
 
+class _PendingTurns:
+    """Turns routed but not yet answered, by replay id: insertion-ordered, so expiring the
+    abandoned ones (a stream Envoy never finished) costs O(1) amortised per request."""
+
+    def __init__(self, maxsize: int, ttl: float) -> None:
+        self._maxsize = maxsize
+        self._ttl = ttl
+        self._turns: OrderedDict[str, _Pending] = OrderedDict()
+
+    def add(self, replay_id: str, pending: _Pending) -> None:
+        self._turns[replay_id] = pending
+        while self._turns:
+            oldest = next(iter(self._turns.values()))
+            if len(self._turns) <= self._maxsize and pending.started - oldest.started < self._ttl:
+                break
+            self._turns.popitem(last=False)
+
+    def get(self, replay_id: str) -> _Pending | None:
+        return self._turns.get(replay_id)
+
+    def pop(self, replay_id: str) -> _Pending | None:
+        return self._turns.pop(replay_id, None)
+
+
 class Router:
     def __init__(
         self,
@@ -123,9 +147,7 @@ class Router:
             if config.replay.mooncake_trace_path else None
         )
         self.trace = MooncakeTraceWriter(self._trace_sink.write) if self._trace_sink else None
-        self._pending: TTLCache[str, _Pending] = TTLCache(
-            maxsize=config.memory.max_sessions, ttl=PENDING_TTL_SECONDS, timer=clock
-        )
+        self._pending = _PendingTurns(config.memory.max_sessions, PENDING_TTL_SECONDS)
         self._protected = frozenset({DESTINATION_HEADER, config.routing.cluster_header.lower()})
 
     def spoofed(self, headers: Mapping[str, str]) -> list[str]:
@@ -155,8 +177,9 @@ class Router:
                 tick = self.config.scheduling.admission.tick_seconds
                 raise SessionPaused(identity.key, retry_after=max(1, round(tick)))
             prompt = Prompt(request)
+            state = self.memory.session(identity.key)
             decision = self.engine.decide(
-                request, identity, headers, lambda m: self.pools.cached_tokens(prompt, m)
+                request, identity, headers, state, lambda m: self.pools.cached_tokens(prompt, m)
             )
             placement = self.pools.place(prompt, decision.model, identity.key, subset)
         except RoutingError as exc:
@@ -164,6 +187,8 @@ class Router:
             raise
         replay_id = self.replay.new_id()
         pending = self._remember(replay_id, request, identity, decision, placement)
+        if state is not None:
+            pending.delay = max(0.0, pending.started - state.last_seen)
         if self.trace is not None:
             pending.blocks = self.pools.blocks(prompt, decision.model)
         self.pools.started(placement, identity.key, request.context_tokens)
@@ -196,15 +221,13 @@ class Router:
         self.metrics.responses.labels(model, f"{status // 100}xx").inc()
         if 200 <= status < 300 and not pending.committed:
             pending.committed = True
-            previous = self.memory.session(pending.turn.session_key)
-            before = previous.model if previous else None
-            self.memory.commit(pending.turn)
+            before = self.memory.commit(pending.turn)
             if before is not None and before != model:
                 self.metrics.switches.labels(before, model).inc()
             self.metrics.live_sessions.set(len(self.memory))
 
     def response_finished(self, replay_id: str, response: ResponseSummary) -> None:
-        pending = self._pending.pop(replay_id, None)
+        pending = self._pending.pop(replay_id)
         if pending is None:
             return
         if pending.committed:
@@ -287,10 +310,7 @@ class Router:
             now,
         )
         pending = _Pending(turn, request.api, now, placement, identity.final)
-        state = self.memory.session(identity.key)
-        if state is not None:
-            pending.delay = max(0.0, now - state.last_seen)
-        self._pending[replay_id] = pending
+        self._pending.add(replay_id, pending)
         self.replay.put(decision_record(replay_id, now, request, identity, decision, placement))
         return pending
 

@@ -103,9 +103,10 @@ class SaarEngine:
         request: RequestSummary,
         identity: SessionIdentity,
         headers: Mapping[str, str],
+        state: SessionState | None,
         cached_tokens: CachedTokens = _unknown,
     ) -> RoutingDecision:
-        state = self._memory.session(identity.key)
+        """``state`` is the session's router memory (None: new, or no session id)."""
         if request.model not in self._logical:
             return self._direct(request, state)
         base = self._selector.select(request, headers, state.decision if state else None)

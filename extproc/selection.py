@@ -52,10 +52,7 @@ class _CompiledDecision:
     decision: Decision
     keywords: tuple[str, ...]
     patterns: tuple[re.Pattern[str], ...]
-
-    @property
-    def has_rules(self) -> bool:
-        return self.decision.rules != Rules()
+    has_rules: bool
 
 
 class HybridSelector:
@@ -69,6 +66,7 @@ class HybridSelector:
                 d,
                 tuple(k.lower() for k in d.rules.keywords),
                 tuple(re.compile(p, re.IGNORECASE) for p in d.rules.regex),
+                d.rules != Rules(),
             )
             for d in ordered
         )

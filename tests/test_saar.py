@@ -244,3 +244,13 @@ def test_processor_writes_its_traffic_as_a_mooncake_trace(session_config, clock,
     assert second.hash_ids[: len(first.hash_ids) - 1] == first.hash_ids[:-1]
     assert second.delay_ms == pytest.approx(5_000)
     assert "storage" not in path.read_text()
+
+
+def test_an_answer_that_never_comes_expires(driver, clock):
+    headers = {"x-session-id": "lost", "authorization": "Bearer k"}
+    lost = driver.router.route(Api.CHAT, headers, chat(HARD))
+    clock.advance(1000)  # longer than any answer takes: the stream was abandoned
+    driver.send(chat(HARD), session="other")
+    driver.router.response_started(lost.replay_id, 200)
+    assert driver.router.api_of(lost.replay_id) is None
+    assert driver.router.memory.session(session_key(driver, lost)) is None
