@@ -64,7 +64,9 @@ def _session(stack: Stack) -> list[dict[str, str]]:
             rows.append(_row(f"{len(rows) + 1} chat: tool result", raw))
             messages.append(raw.parse().choices[0].message.model_dump(exclude_none=True))
         if turn == 0:
-            messages.append({"role": "user", "content": "Thanks. Continue with the next file."})
+            messages.append(
+                {"role": "user", "content": "Thanks. Now summarise the change for the changelog."}
+            )
 
     stream = chat.create(
         model="auto", messages=[*messages, {"role": "user", "content": "Summarise so far."}],

@@ -40,15 +40,8 @@ def config(example_data: dict) -> Config:
 
 
 def session_config_data() -> dict:
-    """The example config where "summarise" is a task of its own (the cheap tier's), so tests
-    can cross a drift boundary; a rule-less catch-all takes the rest."""
-    data = yaml.safe_load(EXAMPLE_CONFIG.read_text())
-    decisions = data["routing"]["decisions"]
-    next(d for d in decisions if d["name"] == "agentic_routing")["rules"] = {
-        "keywords": ["summarise"]}
-    decisions.append({"name": "general", "difficulty": 0.4,
-                      "modelRefs": [{"model": "qwen3-8b"}, {"model": "qwen3-32b"}]})
-    return data
+    """The example config as data, for tests that adjust it."""
+    return yaml.safe_load(EXAMPLE_CONFIG.read_text())
 
 
 @pytest.fixture

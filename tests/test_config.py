@@ -27,9 +27,9 @@ def test_example_loads_with_article_block_as_written():
         (lambda d: d["routing"]["decisions"][0].update(modelrefs=[]), "unknown key"),
         (lambda d: d["routing"]["decisions"][0]["modelRefs"].append({"model": "gpt-9"}),
          "routing.decisions[0].modelRefs[2].model: unknown model 'gpt-9'"),
-        (lambda d: d["routing"]["decisions"][2]["algorithm"]["session_aware"].update(
+        (lambda d: d["routing"]["decisions"][3]["algorithm"]["session_aware"].update(
             idle_timeout_seconds="soon"),
-         "routing.decisions[2].algorithm.session_aware.idle_timeout_seconds: expected a number"),
+         "routing.decisions[3].algorithm.session_aware.idle_timeout_seconds: expected a number"),
         (lambda d: d["models"]["qwen3-8b"].pop("cluster"),
          "models.qwen3-8b.cluster: required key is missing"),
         (lambda d: d["routing"]["decisions"][0]["rules"].update(regex=["(unclosed"]),
