@@ -161,6 +161,18 @@ class Pools:
             session_key, placement.worker, prompt_tokens, completion_tokens
         )
 
+    def scrape_targets(self) -> dict[str, str]:
+        """address → metrics URL of the workers whose load matters: those scored (pools of more
+        than one) and, with admission on, every worker (admission needs its KV capacity)."""
+        if not self.enabled:
+            return {}
+        everyone = self.admission.config.enabled
+        return {
+            w.address: w.metrics_url or ""
+            for model in self._models
+            for w in (self.registry.pool(model) if everyone else self._scored_pool(model))
+        }
+
     def all_workers(self) -> list[Worker]:
         return [w for model in self._models for w in self.registry.pool(model)]
 

@@ -76,7 +76,7 @@ class Background:
         self._tasks.append(asyncio.create_task(loop(), name=name))
 
     async def _scrape(self) -> None:
-        targets = self._router.pools.registry.scrape_targets()
+        targets = self._router.pools.scrape_targets()
         await asyncio.gather(*(self._scrape_one(a, url) for a, url in targets.items() if url))
 
     async def _scrape_one(self, address: str, url: str) -> None:

@@ -44,10 +44,6 @@ class WorkerRegistry:
             worker.stale = worker.scraped_at is None or now - worker.scraped_at > self._staleness
         return workers
 
-    def scrape_targets(self) -> dict[str, str]:
-        """address → metrics URL of every worker, each address once."""
-        return {w.address: w.metrics_url or "" for w in self._all()}
-
     def apply_scrape(self, address: str, text: str, now: float) -> bool:
         """Record the signals of ``address``'s metrics page; a malformed page is logged and
         ignored (the worker goes stale), never raised."""

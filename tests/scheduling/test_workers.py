@@ -96,7 +96,7 @@ def test_reload_replaces_file_workers_and_keeps_signals_of_those_that_stay(
     assert addresses(reg, "big") == ["10.0.0.1:8000", "10.0.0.2:8000"]  # no duplicate
     kept = reg.pool("small")[0]
     assert (kept.running, kept.in_flight, kept.stale) == (3, 1, False)
-    assert reg.scrape_targets()["10.0.1.3:8000"] == "http://10.0.1.3:8000/metrics"
+    assert reg.pool("small")[1].metrics_url == "http://10.0.1.3:8000/metrics"
 
 
 @pytest.mark.parametrize(
