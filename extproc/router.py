@@ -21,7 +21,7 @@ from .config import Config
 from .errors import RateLimited, RoutingError
 from .health import ModelHealth
 from .identity import IdentityReader
-from .memory import RouterMemory, Turn
+from .memory import RouterMemory, SessionState, Turn
 from .metrics import Metrics
 from .pools import Placement, Pools, Prompt
 from .replay import JsonlSink, ReplayStore
@@ -186,7 +186,7 @@ class Router:
             self.metrics.errors.labels(exc.code).inc()
             raise
         replay_id = self.replay.new_id()
-        pending = self._remember(replay_id, request, identity, decision, placement)
+        pending = self._remember(replay_id, request, identity, decision, placement, state)
         if state is not None:
             pending.delay = max(0.0, pending.started - state.last_seen)
         if self.trace is not None:
@@ -297,6 +297,7 @@ class Router:
         identity: SessionIdentity,
         decision: RoutingDecision,
         placement: Placement,
+        state: SessionState | None,
     ) -> _Pending:
         now = self.clock()
         turn = Turn(
@@ -311,7 +312,9 @@ class Router:
         )
         pending = _Pending(turn, request.api, now, placement, identity.final)
         self._pending.add(replay_id, pending)
-        self.replay.put(decision_record(replay_id, now, request, identity, decision, placement))
+        self.replay.put(
+            decision_record(replay_id, now, request, identity, decision, placement, state)
+        )
         return pending
 
     def _count(self, api: Api, decision: RoutingDecision) -> None:
@@ -344,8 +347,10 @@ def decision_record(
     identity: SessionIdentity,
     decision: RoutingDecision,
     placement: Placement,
+    state: SessionState | None,
 ) -> dict[str, Any]:
-    """The content-free replay record of one decision."""
+    """The content-free replay record of one decision; ``memory`` is the session's router
+    memory as the decision saw it (``previous_replay_id`` chains a session's records)."""
     base = decision.base
     result = placement.result
     return {
@@ -357,6 +362,23 @@ def decision_record(
             "source": identity.source,
             "parent": identity.parent_session_id,
             "final": identity.final,
+            "compaction": identity.compaction,
+        },
+        "memory": None
+        if state is None
+        else {
+            "model": state.model,
+            "decision": state.decision,
+            "phase": state.phase.value,
+            "turns": state.turns,
+            "switches": state.switches,
+            "recent_switches_ago_s": [round(now - t, 3) for t in state.switch_times],
+            "idle_s": round(now - state.last_seen, 3),
+            "context_tokens": state.context_tokens,
+            "estimated_reuse_tokens": state.estimated_reuse_tokens,
+            "reported_prompt_tokens": state.reported_prompt_tokens,
+            "reported_cached_tokens": state.reported_cached_tokens,
+            "previous_replay_id": state.last_replay_id,
         },
         "request": {
             "api": request.api.value,

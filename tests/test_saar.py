@@ -254,3 +254,13 @@ def test_an_answer_that_never_comes_expires(driver, clock):
     driver.router.response_started(lost.replay_id, 200)
     assert driver.router.api_of(lost.replay_id) is None
     assert driver.router.memory.session(session_key(driver, lost)) is None
+
+
+def test_replay_records_chain_and_show_the_memory_they_saw(driver):
+    first = driver.send(chat(HARD), usage=Usage(1000, 10, 0))
+    second = driver.send(chat("continue"), usage=Usage(1020, 10, 1000))
+    memory = driver.record(second)["memory"]
+    assert driver.record(first)["memory"] is None
+    assert memory["previous_replay_id"] == first.replay_id
+    assert (memory["turns"], memory["model"], memory["idle_s"]) == (1, STRONG, 5.0)
+    assert memory["reported_prompt_tokens"] == 1000
