@@ -264,3 +264,24 @@ def test_replay_records_chain_and_show_the_memory_they_saw(driver):
     assert memory["previous_replay_id"] == first.replay_id
     assert (memory["turns"], memory["model"], memory["idle_s"]) == (1, STRONG, 5.0)
     assert memory["reported_prompt_tokens"] == 1000
+
+
+def test_switch_pricing_uses_the_measured_prefix_on_the_candidates_workers(session_config, clock):
+    def priced(config) -> dict:
+        driver = Driver(config, clock)
+        on_cheap = orjson.loads(chat(HARD, context_chars=400_000))
+        on_cheap["model"] = CHEAP
+        driver.send(orjson.dumps(on_cheap), session="other")  # a cheap worker now holds it
+        driver.send(chat(HARD, context_chars=400_000))
+        rec = driver.record(driver.send(chat("continue", context_chars=400_000)))
+        cheap = next(c for c in rec["candidates"] if c["model"] == CHEAP)
+        return {"transition": cheap["transition_usd"], "ctx": rec["request"]["context_tokens"]}
+
+    pools = {name: replace(model, endpoints=(f"10.0.{i}.1:80", f"10.0.{i}.2:80"))
+             for i, (name, model) in enumerate(session_config.models.items())}
+    measured = priced(replace(session_config, models=pools))
+    estimated = priced(replace(session_config, scheduling=replace(
+        session_config.scheduling, enabled=False)))
+    # The cheap model's worker already holds the prompt: its re-prefill term is gone.
+    reprefill = estimated["ctx"] * (0.20 - 0.02) / 1e6
+    assert estimated["transition"] - measured["transition"] == pytest.approx(reprefill, rel=0.05)

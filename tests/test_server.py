@@ -172,3 +172,37 @@ def test_stream_cut_short_still_closes_the_turn(router):
     assert not observer.observed
     observer.close()
     assert router.replay.get(replay_id)["outcome"]["status"] == 200
+
+
+def subset_headers_msg(subset: list[str] | str) -> ep.ProcessingRequest:
+    msg = headers_msg(CHAT)
+    msg.metadata_context.filter_metadata["envoy.lb.subset_hint"].update(
+        {"x-gateway-destination-endpoint-subset": subset})
+    return msg
+
+
+def two_worker_router(config, clock) -> Router:
+    from dataclasses import replace
+
+    models = dict(config.models)
+    models["qwen3-32b"] = replace(models["qwen3-32b"], endpoints=("10.0.0.1:80", "10.0.0.2:80"))
+    return Router(replace(config, models=models), clock=clock)
+
+
+@pytest.mark.parametrize("hint", [["10.0.0.2:80"], "10.0.0.2:80, 10.9.9.9:80"])
+def test_the_proxys_subset_hint_limits_the_pick(config, clock, hint):
+    stream = ExtProcStream(two_worker_router(config, clock))
+    stream.handle(subset_headers_msg(hint))
+    reply = stream.handle(body_msg(BODY))
+    assert set_headers(reply.request_body.response)["x-gateway-destination-endpoint"] == (
+        "10.0.0.2:80")
+    lb = reply.dynamic_metadata.fields["envoy.lb"].struct_value.fields
+    assert lb["x-gateway-destination-endpoint"].string_value == "10.0.0.2:80"
+
+
+def test_an_empty_subset_is_503(config, clock):
+    stream = ExtProcStream(two_worker_router(config, clock))
+    stream.handle(subset_headers_msg(["10.9.9.9:80"]))
+    reply = stream.handle(body_msg(BODY))
+    assert reply.immediate_response.status.code == 503
+    assert orjson.loads(reply.immediate_response.body)["error"]["code"] == "model_unavailable"
