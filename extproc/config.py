@@ -64,6 +64,11 @@ class Model:
     quality: float = 0.5
     context_window: int = 131072
 
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        """Every worker's ``host:port``, ``endpoints`` first, each once."""
+        return tuple(dict.fromkeys((*self.endpoints, *(w.address for w in self.workers))))
+
 
 @dataclass(frozen=True)
 class SessionAware:

@@ -127,7 +127,7 @@ def bootstrap(
             ],
             "clusters": [_processor_cluster(PROCESSOR, ports), _processor_cluster(OBSERVER, ports)]
             + [
-                _model_cluster(model.cluster, model.endpoints)
+                _model_cluster(model.cluster, model.addresses)
                 for model in config.models.values()
             ],
         },

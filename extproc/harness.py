@@ -88,12 +88,15 @@ def run_stack(
     processor: Callable[[int], list[str]] | None = None,
     workdir: str | Path | None = None,
     envoy_transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    kv_events_tokenizer: Path | None = None,
 ) -> Iterator[Stack]:
     """Start sims, the processor and Envoy; stop them after.
 
     ``processor`` replaces the saar processor by another command given its gRPC port (the
     benchmark's pass-through floor); ``envoy_transform`` edits the rendered bootstrap (the
     benchmark's variants: no filters, a pass-through filter, another upstream).
+    ``kv_events_tokenizer`` runs the precise prefix index: every simulator tokenizes with that
+    file and publishes vLLM KV events on a port of its own, and the processor subscribes.
     """
     tmp = Path(workdir or tempfile.mkdtemp(prefix="saar-stack-"))
     tmp.mkdir(parents=True, exist_ok=True)
@@ -111,19 +114,29 @@ def run_stack(
         config = copy.deepcopy(base_config)
         sims: dict[str, list[str]] = {}
         for model_name, model in config["models"].items():
-            endpoints = []
+            workers = []
             for index in range(workers_per_model):
                 port = free_port()
+                worker: dict[str, str] = {"address": f"127.0.0.1:{port}"}
+                extra: list[str] = []
+                if kv_events_tokenizer is not None:
+                    worker["kv_events"] = f"tcp://127.0.0.1:{free_port()}"
+                    extra = ["--tokenizer", str(kv_events_tokenizer),
+                             "--kv-events-endpoint", worker["kv_events"]]
                 proc = spawn(
                     f"sim-{model_name}-{index}",
                     [sys.executable, "-m", "extproc", "sim-server", "--host", "127.0.0.1",
                      "--port", str(port), "--model", model_name,
-                     "--instance-id", f"{model_name}-{index}", *sim_args],
+                     "--instance-id", f"{model_name}-{index}", *sim_args, *extra],
                 )
                 wait_http(f"http://127.0.0.1:{port}/health", proc)
-                endpoints.append(f"127.0.0.1:{port}")
-            model["endpoints"] = endpoints
-            sims[model_name] = [f"http://{e}" for e in endpoints]
+                workers.append(worker)
+            model.pop("endpoints", None)
+            model["workers"] = workers
+            sims[model_name] = [f"http://{w['address']}" for w in workers]
+        if kv_events_tokenizer is not None:
+            prefix = config.setdefault("scheduling", {}).setdefault("prefix", {})
+            prefix.update({"mode": "precise", "tokenizer": str(kv_events_tokenizer)})
         grpc_port, http_port = free_port(), free_port()
         server = config.setdefault("server", {})
         server.update({"host": "127.0.0.1", "grpc_port": grpc_port, "http_port": http_port})

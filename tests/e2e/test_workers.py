@@ -125,3 +125,24 @@ def test_paused_session_is_held_until_resumed(tmp_path):
         metrics = httpx.get(f"{stack.processor_http}/metrics").text
         assert 'saar_held_requests_total{outcome="resumed"} 1.0' in metrics
         assert get_json(f"{stack.processor_http}/healthz")["status"] == "ok"
+
+
+def test_precise_prefix_index_follows_the_servers_kv_events(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.train_from_iterator([" ".join(VOCABULARY) + " step continue system user"],
+                                  trainers.WordLevelTrainer(special_tokens=["[UNK]"]))
+    path = tmp_path / "tokenizer.json"
+    tokenizer.save(str(path))
+    with run_stack(scheduling_config(), workers_per_model=2, kv_events_tokenizer=path,
+                   workdir=tmp_path / "precise") as stack:
+        seen = agent_run(stack)
+        matched = []
+        for headers in seen[SESSIONS:]:  # every session's later turns
+            worker = replay_outcome(stack, headers["x-replay-id"])["worker"]
+            matched.append(worker["matched_blocks"][worker["picked"]])
+        # Blocks the servers reported storing (KV events), not blocks the router sent there.
+        assert min(matched) > 50
+        assert hit_rate(stack, "qwen3-8b") > 0.7
