@@ -84,11 +84,11 @@ class Pools:
             self.index = ApproximatePrefixIndex.from_config(prefix)
             self.tokens_per_block = max(1, prefix.chars_per_block // 4)
         self._chars_per_block = prefix.chars_per_block
+        self.admission = AdmissionController(scheduling.admission, clock=clock)
         self.scheduler = from_config(
             scheduling, index=self.index, rng=rng or random.Random(),
-            max_sessions=config.memory.max_sessions,
+            max_sessions=config.memory.max_sessions, prefer=self.admission.preferred_worker,
         )
-        self.admission = AdmissionController(scheduling.admission, clock=clock)
         self._models = tuple(config.models)
 
     def blocks(self, prompt: Prompt, model: str) -> tuple[int, ...]:

@@ -3,8 +3,9 @@
 ``kv_aware`` is the ``Scheduler`` the server builds from the default ``scheduling`` config
 (prefix, queue, KV-utilization and session-affinity scorers over an approximate prefix index
 that learns only from its own picks); ``kv_aware_admission`` adds the server's
-``AdmissionController``. ``least_loaded`` is the same Scheduler with only the load scorers
-(queue and KV utilization: the "load-only" baseline); ``round_robin`` is the one local picker.
+``AdmissionController``, wired into the Scheduler as ``Pools`` wires it. ``least_loaded`` is the
+same Scheduler with only the load scorers (queue and KV utilization: the "load-only"
+baseline); ``round_robin`` is the one local picker.
 """
 
 from __future__ import annotations
@@ -71,9 +72,12 @@ def build_policy(name: str, *, scheduling: Scheduling, block_size: int, seed: in
         load = {k: w for k, w in scheduling.scorers.items() if k in ("queue", "kv_utilization")}
         scheduling = replace(scheduling, scorers=load or {"queue": 1.0})
     index = ApproximatePrefixIndex.from_config(scheduling.prefix)
-    scheduler = from_config(scheduling, index=index, rng=random.Random(seed), clock=clock)
+    rng = random.Random(seed)
     if name != "kv_aware_admission":
+        scheduler = from_config(scheduling, index=index, rng=rng, clock=clock)
         return SchedulerPolicy(name, scheduler, index)
     admission = replace(scheduling.admission, enabled=True)
     controller = AdmissionController(admission, clock=clock)
+    scheduler = from_config(scheduling, index=index, rng=rng, clock=clock,
+                            prefer=controller.preferred_worker)
     return SchedulerPolicy(name, scheduler, index, controller, admission.tick_seconds)

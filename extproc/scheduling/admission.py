@@ -7,7 +7,13 @@ tokens (ACTING ones weighted) / the worker's KV capacity. Every tick, an oversub
 pauses its smallest ACTING programs (their KV can be evicted while their tools run; the next turn
 is held), demotes everyone in the band just below, and a worker with room resumes its smallest
 paused programs first (bin packing). No turn in flight is ever pre-empted: when only REASONING
-programs are left to pause, the smallest is paused at its next tool boundary instead.
+programs are left to pause, the smallest is paused at its next tool boundary instead. While
+anything is paused, a NEW session is held too and admitted only once every paused program has
+resumed: otherwise room freed by an ending session goes to the next arrival and the paused ones
+wait (and lose their cache) for minutes. A new session also waits while no worker has room for
+it under ``admit_threshold``: admitting it only to pause someone later costs a re-prefill. Held
+new sessions are admitted oldest first, each to the worker with the most room
+(``preferred_worker``, which placement honours).
 """
 
 from __future__ import annotations
@@ -31,7 +37,14 @@ class _Program:
     paused_at: float | None = None
     pause_at_boundary: bool = False
     resumed: bool = False
-    """Resumed and not yet started its next turn: that turn gets the resume priority."""
+    """Resumed (or admitted) and not yet started its next turn: that turn gets the resume
+    priority."""
+    target: str | None = None
+    """A held new session's worker, where the tick reserved its room: placement puts it first
+    until the first turn starts."""
+    started: bool = True
+    """False for a new session admitted from the hold: ``tokens`` is an estimate until its
+    first turn starts, and the reservation lapses if that turn never comes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +63,8 @@ class AdmissionController:
         self._clock = clock
         self._ttl = idle_ttl_seconds
         self._programs: dict[str, _Program] = {}
+        self._arrivals: dict[str, float] = {}
+        """New sessions held, in arrival order (key -> when first held)."""
         self._capacity: dict[str, int] = {}
         self._demoted: set[str] = set()
 
@@ -58,14 +73,16 @@ class AdmissionController:
         held turn anyway, e.g. after the hold timed out, resumes it)."""
         if session_key is None:
             return
+        self._arrivals.pop(session_key, None)
         program = self._programs.get(session_key)
         tokens = prompt_tokens + self.config.buffer_tokens
         if program is None:
             self._programs[session_key] = _Program(session_key, worker, tokens, True, self._clock())
             return
         program.worker, program.reasoning, program.last_seen = worker, True, self._clock()
-        program.tokens = max(program.tokens, tokens)
-        program.paused_at, program.resumed = None, False
+        program.tokens = max(program.tokens, tokens) if program.started else tokens
+        program.paused_at, program.resumed, program.started = None, False, True
+        program.target = None
 
     def turn_finished(
         self, session_key: str | None, worker: str, prompt_tokens: int, completion_tokens: int
@@ -89,10 +106,31 @@ class AdmissionController:
         """The session ended (``x-dynamo-session-final``): forget it."""
         if session_key is not None:
             self._programs.pop(session_key, None)
+            self._arrivals.pop(session_key, None)
 
     def is_paused(self, session_key: str | None) -> bool:
+        """Whether this session's next turn must wait. A session admission has never seen waits
+        (and joins the arrival queue) while anything is paused or waiting, or no worker has
+        room for it under ``admit_threshold``."""
+        if session_key is None:
+            return False
+        program = self._programs.get(session_key)
+        if program is not None:
+            return program.paused_at is not None
+        if session_key in self._arrivals:
+            return True
+        if not (self.config.enabled and self.config.hold_new_sessions):
+            return False
+        if self._arrivals or not self._has_room_for_new():
+            self._arrivals[session_key] = self._clock()
+            return True
+        return False
+
+    def preferred_worker(self, session_key: str | None) -> str | None:
+        """The worker a held new session was admitted to, until its first turn starts (the
+        scheduler puts it first; None: no preference)."""
         program = None if session_key is None else self._programs.get(session_key)
-        return program is not None and program.paused_at is not None
+        return None if program is None else program.target
 
     def priority(self, session_key: str | None) -> float:
         """Seconds to move this session's next request up (+) or down (-) a wait queue."""
@@ -111,8 +149,22 @@ class AdmissionController:
         active = (p for p in self._programs.values() if p.worker == worker_address)
         return sum(self._weight(p) for p in active if p.paused_at is None) / capacity
 
+    def _has_room_for_new(self) -> bool:
+        """Nothing is paused and some worker of known capacity (or none known yet) fits a new
+        session under ``admit_threshold``: sessions grow, so the line leaves them room to."""
+        used: dict[str, float] = dict.fromkeys(self._capacity, 0.0)
+        for program in self._programs.values():
+            if program.paused_at is not None:
+                return False
+            if program.worker in used:
+                used[program.worker] += self._weight(program)
+        need = self.config.new_session_tokens + self.config.buffer_tokens
+        line = self.config.admit_threshold
+        return not used or any(line * self._capacity[w] - u >= need for w, u in used.items())
+
     def paused_count(self) -> int:
-        return sum(p.paused_at is not None for p in self._programs.values())
+        """Sessions waiting: paused programs and held new sessions."""
+        return sum(p.paused_at is not None for p in self._programs.values()) + len(self._arrivals)
 
     def __len__(self) -> int:
         return len(self._programs)
@@ -129,6 +181,11 @@ class AdmissionController:
             by_worker[program.worker].append(program)
         paused: list[_Program] = []
         resumed: list[_Program] = []
+        waiting: list[_Program] = []
+        room: dict[str, float] = {}
+        """Tokens each worker with room can take before the resume line."""
+        limit = self.config.pause_threshold - self.config.hysteresis
+        below = limit - self.config.admit_threshold
         for worker in workers:
             capacity = worker.capacity_tokens
             if not capacity:
@@ -138,6 +195,7 @@ class AdmissionController:
             programs = by_worker.get(worker.address, [])
             resumed += self._force_resume(programs, now)
             used = sum(self._weight(p) for p in programs if p.paused_at is None)
+            waiting += (p for p in programs if p.paused_at is not None)
             if used >= self.config.pause_threshold * capacity:
                 paused += self._pause(programs, used, capacity, now)
                 continue
@@ -145,8 +203,14 @@ class AdmissionController:
                 program.pause_at_boundary = False
             if used >= self.config.demote_threshold * capacity:
                 self._demoted.add(worker.address)
-            resumed += self._resume(programs, used, capacity)
-        return AdmissionTick(tuple(p.key for p in paused), tuple(p.key for p in resumed))
+            room[worker.address] = limit * capacity - used
+        back = self._resume(waiting, room)
+        resumed += back
+        if len(back) == len(waiting):
+            line = {w: r - below * self._capacity[w] for w, r in room.items()}
+            resumed += self._admit_arrivals(line, now)
+        keys = tuple(p.key for p in resumed)
+        return AdmissionTick(tuple(p.key for p in paused), keys)
 
     def _pause(
         self, programs: list[_Program], used: float, capacity: int, now: float
@@ -168,17 +232,36 @@ class AdmissionController:
             min(reasoning, key=_size).pause_at_boundary = True
         return paused
 
-    def _resume(self, programs: list[_Program], used: float, capacity: int) -> list[_Program]:
-        """Paused programs smallest first while each still fits under U <= pause_threshold -
-        hysteresis (below the pause line, so the loop does not flap at it)."""
-        limit = (self.config.pause_threshold - self.config.hysteresis) * capacity
+    def _resume(self, waiting: list[_Program], room: dict[str, float]) -> list[_Program]:
+        """Programs paused before this tick, smallest first (bin packing), while each fits on
+        its own worker under the resume line (moving one elsewhere measured no better: its next
+        turn re-prefills there whatever its own worker still holds)."""
         resumed: list[_Program] = []
-        for program in sorted((p for p in programs if p.paused_at is not None), key=_size):
-            used += self._weight(program)
-            if used > limit:
-                break
-            resumed.append(self._wake(program))
+        for program in sorted(waiting, key=_size):
+            weight = self._weight(program)
+            if room.get(program.worker, -1.0) >= weight:
+                room[program.worker] -= weight
+                resumed.append(self._wake(program))
         return resumed
+
+    def _admit_arrivals(self, room: dict[str, float], now: float) -> list[_Program]:
+        """Held new sessions in arrival order, each on the worker with the most ``room`` (under
+        the admit line) while its estimated size fits there (after ``forced_resume_seconds``,
+        whatever the room)."""
+        admitted: list[_Program] = []
+        estimate = self.config.new_session_tokens + self.config.buffer_tokens
+        for key, held_at in list(self._arrivals.items()):
+            best = max(room, key=room.__getitem__, default=None)
+            overdue = now - held_at >= self.config.forced_resume_seconds
+            if best is None or (room[best] < estimate and not overdue):
+                break
+            room[best] -= estimate
+            del self._arrivals[key]
+            program = _Program(key, best, estimate, False, now, resumed=True, target=best,
+                               started=False)
+            self._programs[key] = program
+            admitted.append(program)
+        return admitted
 
     def _force_resume(self, programs: list[_Program], now: float) -> list[_Program]:
         """Programs paused for ``forced_resume_seconds`` resume whatever U is: none starves."""
@@ -187,7 +270,11 @@ class AdmissionController:
                 if p.paused_at is not None and now - p.paused_at >= cap]
 
     def _drop_idle(self, now: float) -> None:
-        idle = [k for k, p in self._programs.items() if now - p.last_seen > self._ttl]
+        """Forget programs idle for the TTL, and admissions whose first turn never came within
+        ``hold_timeout_seconds`` (the client gave up)."""
+        lapse = self.config.hold_timeout_seconds
+        idle = [k for k, p in self._programs.items()
+                if now - p.last_seen > (self._ttl if p.started else lapse)]
         for key in idle:
             del self._programs[key]
 

@@ -47,9 +47,11 @@ class Scheduler:
         observers: Sequence[PickObserver] = (),
         max_waiting: int = 0,
         timer: Callable[[], float] = time.perf_counter,
+        prefer: Callable[[str | None], str | None] | None = None,
     ) -> None:
         """``cost`` switches to Dynamo's cost form (scorers then unused); ``max_waiting`` > 0
-        sheds a request when every candidate has more waiting requests than that."""
+        sheds a request when every candidate has more waiting requests than that; ``prefer``
+        names a session's worker that goes first if eligible (admission reserved room there)."""
         self.scorers = tuple(scorers)
         self.picker = picker
         self.filters = tuple(filters)
@@ -58,6 +60,7 @@ class Scheduler:
         self.observers = tuple(observers)
         self.max_waiting = max_waiting
         self._timer = timer
+        self._prefer = prefer
 
     def schedule(self, request: SchedulingRequest, workers: Sequence[Worker]) -> ScheduleResult:
         run = _Run(self._timer)
@@ -85,6 +88,9 @@ class Scheduler:
             totals = {w.address: -self.cost.cost(request, w, matched.get(w.address, 0))
                       for w in candidates}
         ordered = tuple(run("picker", sorted(totals), self.picker.pick, totals))
+        preferred = None if self._prefer is None else self._prefer(request.session_key)
+        if preferred in totals:
+            ordered = (preferred, *(a for a in ordered if a != preferred))
         run("prefix_index.routed", None, self.index.routed, ordered[0], request.prompt_blocks)
         for observer in self.observers:
             run(f"{_name(observer)}.picked", None, observer.picked, request, ordered[0])
@@ -130,11 +136,12 @@ def from_config(
     max_sessions: int = 100_000,
     timer: Callable[[], float] = time.perf_counter,
     clock: Callable[[], float] = time.monotonic,
+    prefer: Callable[[str | None], str | None] | None = None,
 ) -> Scheduler:
     """The scheduler ``config`` describes: the subset and healthy filters, the named scorers with
     their weights (zero-weight ones left out; none in the Dynamo cost form), a seeded max-score
     picker. ``clock`` ages the active-sessions scorer's placements (a simulator's virtual
-    time)."""
+    time); ``prefer`` is admission's ``preferred_worker``."""
     affinity = SessionAffinityScorer(max_sessions)
     sessions = ActiveSessionsScorer(
         idle_seconds=config.session_idle_seconds, clock=clock, max_sessions=max_sessions
@@ -158,6 +165,7 @@ def from_config(
         observers=[o for o in (affinity, sessions) if id(o) in used],
         max_waiting=config.max_waiting_per_worker,
         timer=timer,
+        prefer=prefer,
     )
 
 

@@ -16,8 +16,10 @@ BUFFER = 100
 
 
 def controller(clock: FakeClock, **overrides: float) -> AdmissionController:
-    """ThunderAgent's published thresholds, which these tests were written against."""
-    thresholds = {"pause_threshold": 0.95, "resume_target": 0.80, "demote_threshold": 0.80}
+    """ThunderAgent's published thresholds, which these tests were written against, with new
+    sessions held too (off by default; its own tests turn it off)."""
+    thresholds = {"pause_threshold": 0.95, "resume_target": 0.80, "demote_threshold": 0.80,
+                  "new_session_tokens": 1000, "hold_new_sessions": True}
     config = Admission(enabled=True, **{**thresholds, **overrides})  # type: ignore[arg-type]
     return AdmissionController(config, clock=clock)
 
@@ -157,7 +159,10 @@ def test_release_sessionless_and_idle_programs(clock: FakeClock) -> None:
     ac.tick([W])
     assert ac.is_paused("small")
     ac.release("small")  # x-dynamo-session-final
-    assert (ac.is_paused("small"), ac.paused_count()) == (False, 0)
+    assert ac.paused_count() == 0
+    assert ac.is_paused("small")  # a new session again, and the worker has no room for it
+    ac.release("small")  # the client gave up: it leaves the arrival queue too
+    assert ac.paused_count() == 0
     ac.turn_started(None, "w", 99_999)
     ac.turn_finished(None, "w", 99_999, 1)
     ac.release(None)
@@ -179,3 +184,59 @@ def test_a_worker_without_capacity_and_a_disabled_controller_do_nothing(
     reasoning(off, "r", 50_000)
     assert off.tick([W]) == AdmissionTick()
     assert not off.is_paused("a")
+
+
+TWO = [W, Worker("v", "m", block_size=16, num_blocks=625)]
+
+
+def test_new_sessions_wait_behind_paused_programs_then_go_where_there_is_room(
+    clock: FakeClock,
+) -> None:
+    ac = controller(clock)
+    acting(ac, "small", 1000)
+    reasoning(ac, "hog", 9000)
+    ac.tick(TWO)
+    assert ac.is_paused("small")
+    assert ac.is_paused("new")  # held although worker v is empty: "small" comes first
+    assert ac.paused_count() == 2
+    ac.turn_finished("hog", "w", 1000, 0)  # paused at its boundary; its context shrank
+    tick = ac.tick(TWO)
+    assert tick.resumed == ("small", "hog", "new")  # the paused ones, then the new one
+    assert (ac.preferred_worker("small"), ac.preferred_worker("new")) == (None, "v")
+    assert not ac.is_paused("new")
+    ac.turn_started("new", "v", 700)
+    assert ac.preferred_worker("new") is None
+    assert ac.utilization("v") == pytest.approx(0.08)  # the estimate gave way to the turn
+
+
+def test_a_new_session_waits_while_no_worker_has_room_under_the_admit_line(
+    clock: FakeClock,
+) -> None:
+    ac = controller(clock, admit_threshold=0.5)
+    assert not ac.is_paused("first")  # capacity unknown: nothing to hold against
+    reasoning(ac, "first", 4500)
+    ac.tick([W])
+    assert ac.is_paused("second")  # 0.45 + 0.11 > 0.5, although nothing is paused
+    assert ac.is_paused("third")
+    ac.release("first")
+    assert ac.tick([W]).resumed == ("second", "third")  # oldest first, each fits
+
+
+def test_an_admitted_new_session_that_never_comes_lapses(clock: FakeClock) -> None:
+    ac = controller(clock, admit_threshold=0.5, hold_timeout_seconds=30.0)
+    reasoning(ac, "first", 4500)
+    ac.tick([W])
+    assert ac.is_paused("gone")
+    ac.release("first")
+    ac.tick([W])
+    assert len(ac) == 1  # its reservation
+    clock.advance(31)
+    ac.tick([W])
+    assert len(ac) == 0
+
+
+def test_new_sessions_are_not_held_when_told_not_to(clock: FakeClock) -> None:
+    ac = controller(clock, hold_new_sessions=False)
+    reasoning(ac, "hog", 9900)
+    ac.tick([W])
+    assert not ac.is_paused("new")

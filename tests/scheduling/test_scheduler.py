@@ -193,3 +193,13 @@ def test_schedule_cost_for_a_64_kib_prompt_and_4_workers() -> None:
     print(f"\nschedule(): 64 KiB prompt, 4 workers in {micros:.0f} us")
     assert result.matched_blocks[workers[0].address] == 1024  # learnt from the first pick
     assert micros < 5000
+
+
+def test_a_preferred_eligible_worker_goes_first_and_the_index_learns_it() -> None:
+    wanted = {"t/s": "b", "t/gone": "z"}
+    s = scheduler([(QueueScorer(), 1.0)], prefer=wanted.get)
+    workers = [Worker("a", "m"), Worker("b", "m", waiting=9)]
+    result = s.schedule(request(), workers)
+    assert result.ordered == ("b", "a")  # the queue alone would pick a
+    assert s.index.matched_blocks("b", BLOCKS) == len(BLOCKS)
+    assert s.schedule(request(session="t/gone"), workers).ordered == ("a", "b")  # not eligible
