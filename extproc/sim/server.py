@@ -37,7 +37,12 @@ def build_app(cfg: SimConfig) -> web.Application:
     app.router.add_get("/admin/state", _state)
     app.router.add_post("/admin/reset", _reset)
     app.on_response_prepare.append(_tag_response)
+    app.on_cleanup.append(_close)
     return app
+
+
+async def _close(app: web.Application) -> None:
+    app[SIMULATOR].close()
 
 
 def run(args: argparse.Namespace) -> None:
