@@ -5,7 +5,8 @@
     ├── MissingModel       400   no "model" field
     ├── BodyTooLarge       413   body over ``limits.max_body_bytes``
     ├── UnknownModel       404   model is neither a logical nor a physical model
-    ├── RateLimited        429   load shedding / admission (carries Retry-After)
+    ├── RateLimited        429   load shedding (carries Retry-After)
+    │   └── SessionPaused  429   admission paused the session (held, or answered with this)
     └── ModelUnavailable   503   the model a session is locked to has no backend (Retry-After)
 """
 
@@ -83,3 +84,16 @@ class RateLimited(RoutingError):
 class ModelUnavailable(RoutingError):
     status = 503
     code = "model_unavailable"
+
+
+class SessionPaused(RateLimited):
+    """Admission paused this session at its tool boundary: hold the request or answer 429."""
+
+    code = "session_paused"
+
+    def __init__(self, session_key: str, retry_after: int) -> None:
+        super().__init__(
+            "this session is paused while its worker is oversubscribed; retry shortly",
+            retry_after=retry_after,
+        )
+        self.session_key = session_key

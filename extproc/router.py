@@ -18,7 +18,7 @@ import orjson
 import xxhash
 
 from .config import Config
-from .errors import RateLimited, RoutingError
+from .errors import RoutingError, SessionPaused
 from .health import ModelHealth
 from .identity import IdentityReader
 from .memory import RouterMemory, SessionState, Turn
@@ -56,19 +56,6 @@ class Routed:
     """The picked worker first, then fallbacks; empty when Envoy's balancer decides."""
     stream: bool = False
     """The client asked for a streamed (SSE) answer."""
-
-
-class SessionPaused(RateLimited):
-    """Admission paused this session at its tool boundary: hold the request or answer 429."""
-
-    code = "session_paused"
-
-    def __init__(self, session_key: str, retry_after: int) -> None:
-        super().__init__(
-            "this session is paused while its worker is oversubscribed; retry shortly",
-            retry_after=retry_after,
-        )
-        self.session_key = session_key
 
 
 @dataclass(slots=True)

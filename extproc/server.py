@@ -31,9 +31,9 @@ from envoy.type.v3 import http_status_pb2
 from google.protobuf import duration_pb2, struct_pb2
 
 from .envoy_config import OBSERVE_HEADER
-from .errors import MalformedRequest, RoutingError
+from .errors import MalformedRequest, RoutingError, SessionPaused
 from .response import ResponseObserver
-from .router import DESTINATION_HEADER, Routed, Router, SessionPaused, api_for
+from .router import DESTINATION_HEADER, Routed, Router, api_for
 from .types import Api
 
 log = logging.getLogger(__name__)
