@@ -25,6 +25,7 @@ bench: install
 
 lint: install
 	$(VENV)/bin/ruff check extproc tests
+	$(VENV)/bin/mypy extproc
 
 clean:
-	rm -rf $(VENV) build *.egg-info extproc/_proto/*_pb2*.py
+	rm -rf $(VENV) build *.egg-info extproc/_proto/*_pb2*.py extproc/_proto/*_pb2*.pyi

@@ -22,13 +22,14 @@ def compile_protos() -> None:
             f"-I{ROOT / 'protos'}",
             f"-I{include}",
             f"--python_out={OUT}",
+            f"--pyi_out={OUT}",
             f"--grpc_python_out={OUT}",
             str(proto),
         ]
         if protoc.main(args) != 0:
             raise RuntimeError(f"protoc failed on {proto}")
     # protoc writes saar/v1/x_pb2.py with absolute imports; flatten into the package.
-    generated = sorted(OUT.rglob("*_pb2*.py"))
+    generated = sorted({*OUT.rglob("*_pb2*.py"), *OUT.rglob("*_pb2*.pyi")})
     packages = {".".join(g.parent.relative_to(OUT).parts) for g in generated if g.parent != OUT}
     for path in generated:
         text = path.read_text()

@@ -295,7 +295,7 @@ def _build(tp: Any, value: Any, source: str, where: str) -> Any:
                 kwargs[name] = _build(hints[name], value[name], source, _join(where, name))
             elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 raise ConfigError(f"{source}: {_join(where, name)}: required key is missing")
-        return tp(**kwargs)
+        return typing.cast(Any, tp)(**kwargs)
     if origin in (types.UnionType, typing.Union):
         args = typing.get_args(tp)
         if value is None and type(None) in args:

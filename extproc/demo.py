@@ -13,7 +13,7 @@ from .harness import Stack, run_stack
 
 DEFAULT_CONFIG = Path("config/example.yaml")
 SESSION = "demo-session-1"
-TOOLS = [
+TOOLS: list[Any] = [
     {
         "type": "function",
         "function": {
@@ -47,8 +47,8 @@ def _session(stack: Stack) -> list[dict[str, str]]:
         default_headers={"x-session-id": SESSION},
         max_retries=0,
     )
-    rows = []
-    messages: list[dict[str, Any]] = [
+    rows: list[dict[str, str]] = []
+    messages: list[Any] = [
         {"role": "user", "content": "Refactor the parser module, then run the tests."}
     ]
     chat = client.chat.completions.with_raw_response
@@ -77,11 +77,12 @@ def _session(stack: Stack) -> list[dict[str, str]]:
     rows.append(_row(f"{len(rows) + 1} chat: streamed summary", stream))
 
     responses = client.responses.with_raw_response
-    raw = responses.create(model="auto", input="Plan the next refactor step.")
-    first = raw.parse()
-    rows.append(_row(f"{len(rows) + 1} responses: new chain", raw))
-    raw = responses.create(model="auto", input="go on", previous_response_id=first.id)
-    rows.append(_row(f"{len(rows) + 1} responses: previous_response_id", raw))
+    opened = responses.create(model="auto", input="Plan the next refactor step.")
+    rows.append(_row(f"{len(rows) + 1} responses: new chain", opened))
+    chained = responses.create(
+        model="auto", input="go on", previous_response_id=opened.parse().id
+    )
+    rows.append(_row(f"{len(rows) + 1} responses: previous_response_id", chained))
     return rows
 
 

@@ -25,6 +25,7 @@ class ReplayService(replay_pb2_grpc.ReplayServicer):
         record = self._store.get(request.replay_id)
         if record is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown replay id {request.replay_id}")
+        assert record is not None  # abort raised
         return _struct(record)
 
     async def ListSession(

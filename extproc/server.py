@@ -270,7 +270,7 @@ class ExtProcStream:
 
     def _observe(self, request: ep.ProcessingRequest) -> None:
         """An observe stream: the streamed (SSE) body of a routed request, chunk by chunk."""
-        if self._observer is None:
+        if self._observer is None or self._replay_id is None:
             fields = request.metadata_context.filter_metadata.get(METADATA_NAMESPACE)
             replay_id = fields.fields["replay_id"].string_value if fields else ""
             api = self._router.api_of(replay_id) if replay_id else None
@@ -279,10 +279,11 @@ class ExtProcStream:
                 return
             self._replay_id = replay_id
             self._observer = ResponseObserver(api, streaming=True)
+        replay_id = self._replay_id
         kind = request.WhichOneof("request")
         if kind == "response_headers":  # only when the observe filter is sent headers too
             headers = _headers_dict(request.response_headers)
-            self._router.response_started(self._replay_id, int(headers.get(":status", "0") or 0))
+            self._router.response_started(replay_id, int(headers.get(":status", "0") or 0))
             self._observer.streaming = headers.get("content-type", "").startswith(
                 "text/event-stream"
             )

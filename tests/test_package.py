@@ -41,3 +41,9 @@ def test_ruff_is_clean():
     result = subprocess.run([ruff, "check", "extproc", "tests"], cwd=ROOT,
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stdout[-3000:]
+
+
+def test_mypy_is_clean():
+    result = subprocess.run([sys.executable, "-m", "mypy", "extproc"], cwd=ROOT,
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout[-3000:]

@@ -13,7 +13,7 @@ SIZES = {"2kb": 2 * 1024, "64kb": 64 * 1024}
 AGENT_TURNS = 30
 _WORDS = ("the", "parser", "module", "reads", "tokens", "and", "builds", "a", "tree", "for",
           "each", "file", "in", "the", "repo")
-TOOLS = [
+TOOLS: list[dict[str, Any]] = [
     {
         "type": "function",
         "function": {

@@ -126,8 +126,8 @@ def format_table(report: Report) -> str:
         r, base = cell.result, report.baseline(cell)
         rows.append((
             cell.variant, cell.body, str(cell.concurrency), f"{r.p50_ms:.2f}", f"{r.p99_ms:.2f}",
-            f"{r.rps:.0f}", _added(r.p50_ms, base and base.result.p50_ms),
-            _added(r.p99_ms, base and base.result.p99_ms), str(r.non_200),
+            f"{r.rps:.0f}", _added(r.p50_ms, base.result.p50_ms if base else None),
+            _added(r.p99_ms, base.result.p99_ms if base else None), str(r.non_200),
         ))
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = [f"client: {report.client}; upstream: {report.upstream}; "

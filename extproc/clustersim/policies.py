@@ -26,7 +26,7 @@ POLICIES = ("round_robin", "least_loaded", "kv_aware", "kv_aware_admission")
 
 class RoundRobin:
     name = "round_robin"
-    admission = None
+    admission: AdmissionController | None = None
     tick_s = 0.0
 
     def __init__(self) -> None:

@@ -36,8 +36,10 @@ class Admission(Protocol):
 
 class Policy(Protocol):
     name: str
-    admission: Admission | None
     tick_s: float
+
+    @property
+    def admission(self) -> Admission | None: ...
 
     def route(self, request: SchedulingRequest, workers: Sequence[Worker]) -> str: ...
 

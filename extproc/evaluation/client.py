@@ -10,6 +10,7 @@ with the last answer's encrypted reasoning, and sometimes send a portable full t
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import orjson
@@ -97,7 +98,7 @@ class AgentSession:
             )
             self._add_user(self._user_text(rng))
         stateful = self.api is Api.RESPONSES and self._turn > 0 and rng.random() < self.mix.state
-        calls = ()
+        calls: tuple[str, ...] = ()
         if rng.random() < self.mix.tool:
             calls = tuple(rng.choice(TOOLS)[0] for _ in range(rng.randint(1, 3)))
         completion = 40 * len(calls) + rng.randint(20, 80) if calls else rng.randint(150, 900)
@@ -140,7 +141,7 @@ class AgentSession:
         phrase = rng.choice(PHRASES[self.task])
         return f"{phrase}\n\n```\n{filler(rng, rng.randint(40, 400))}\n```"
 
-    def _add(self, item: dict[str, object], text: str) -> None:
+    def _add(self, item: Mapping[str, object], text: str) -> None:
         self._items.append(orjson.dumps(item))
         self.context += len(text) // 4
 
@@ -186,7 +187,8 @@ class AgentSession:
             head = b'{"model":"auto","store":true,"previous_response_id":' + previous
             new_items = self._items[self._mark :]
             return _join(head + b',"input":[', new_items, _RESPONSES_TOOLS), (self._response_id,)
-        items, state = self._items, ()
+        items = self._items
+        state: tuple[str, ...] = ()
         if stateful and self._reasoning is not None:
             at, blob = self._reasoning
             reasoning = {"type": "reasoning", "summary": [], "encrypted_content": blob}

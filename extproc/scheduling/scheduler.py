@@ -73,7 +73,8 @@ class Scheduler:
             return ScheduleResult(
                 (), durations=run.durations, failed=tuple(run.failed), shed=bool(candidates)
             )
-        matched = run("prefix_index", {}, self._matched, request, candidates)
+        no_match: dict[str, int] = {}
+        matched = run("prefix_index", no_match, self._matched, request, candidates)
         scores: dict[str, dict[str, float]] = {}
         if self.cost is None:
             for scorer, _ in self.scorers:

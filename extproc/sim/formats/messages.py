@@ -84,6 +84,7 @@ def _block_events(index: int, block: dict[str, Any], reply: Reply) -> Iterator[S
     """start, deltas, stop of one content block; the start carries the block with empty fields."""
     kind = block["type"]
     deltas: list[dict[str, Any]]
+    empty: dict[str, Any]
     if kind == "thinking":
         empty = {"thinking": "", "signature": ""}
         thoughts = reply.reasoning.words if reply.reasoning else ()
