@@ -161,6 +161,8 @@ def _routing_filter() -> dict[str, Any]:
             "message_timeout": "1s",
             "max_message_timeout": "60s",
             "allow_mode_override": True,
+            # Which worker Envoy really used, sent with the response headers.
+            "response_attributes": ["upstream.address"],
             "processing_mode": {
                 "request_header_mode": "SEND",
                 "request_body_mode": "BUFFERED",

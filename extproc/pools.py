@@ -57,6 +57,7 @@ class Placement:
 
     workers: tuple[str, ...]
     result: ScheduleResult | None = None
+    blocks: tuple[int, ...] = ()
 
     @property
     def worker(self) -> str | None:
@@ -138,13 +139,19 @@ class Pools:
                 + (" in the proxy's subset hint" if subset is not None else ""),
                 retry_after=1,
             )
-        return Placement(result.ordered, result)
+        return Placement(result.ordered, result, request.prompt_blocks)
 
     def started(self, placement: Placement, session_key: str | None, tokens: int) -> None:
         if placement.worker is None:
             return
         self.registry.started(placement.worker)
         self.admission.turn_started(session_key, placement.worker, tokens)
+
+    def served(self, placement: Placement, address: str) -> None:
+        """Envoy served the request from ``address``: when that is not the pick (a fallback, or
+        the pick was gone), the prefix index learns where the prompt really went."""
+        if placement.worker is not None and address != placement.worker:
+            self.index.routed(address, placement.blocks)
 
     def finished(
         self,

@@ -67,6 +67,7 @@ class _Pending:
     final: bool = False
     committed: bool = False
     status: int = 0
+    served: str | None = None
     blocks: tuple[int, ...] = ()
     """Prompt blocks, kept only when a Mooncake trace is written."""
     delay: float | None = None
@@ -197,13 +198,17 @@ class Router:
             request.stream,
         )
 
-    def response_started(self, replay_id: str, status: int) -> None:
-        """The upstream answered: a 2xx commits the turn to memory, a 5xx does not."""
+    def response_started(self, replay_id: str, status: int, served: str | None = None) -> None:
+        """The upstream answered (``served``: the worker Envoy sent it to, when known): a 2xx
+        commits the turn to memory, a 5xx does not."""
         pending = self._pending.get(replay_id)
         if pending is None:
             return
         model = pending.turn.model
         pending.status = status
+        if served:
+            pending.served = served
+            self.pools.served(pending.placement, served)
         self.health.record(model, status)
         self.metrics.responses.labels(model, f"{status // 100}xx").inc()
         if 200 <= status < 300 and not pending.committed:
@@ -236,6 +241,7 @@ class Router:
             replay_id,
             {
                 "status": pending.status,
+                "served_worker": pending.served,
                 "model": response.model,
                 "latency_ms": round((self.clock() - pending.started) * 1000, 3),
                 "finish_reason": response.finish_reason,

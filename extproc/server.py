@@ -42,6 +42,8 @@ METADATA_NAMESPACE = "saar"
 LB_NAMESPACE = "envoy.lb"
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
+ATTRIBUTES_NAMESPACE = "envoy.filters.http.ext_proc"
+UPSTREAM_ATTRIBUTE = "upstream.address"
 HOLD_POLL_SECONDS = 0.05
 _OVERWRITE = core.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 _PASS_THROUGH = pm.ProcessingMode(
@@ -133,6 +135,14 @@ class Hold:
     timeout: float
 
 
+def _upstream(message: ep.ProcessingRequest) -> str | None:
+    """The worker Envoy sent the request to (the ``upstream.address`` response attribute)."""
+    attributes = message.attributes.get(ATTRIBUTES_NAMESPACE)
+    if attributes is None or UPSTREAM_ATTRIBUTE not in attributes.fields:
+        return None
+    return attributes.fields[UPSTREAM_ATTRIBUTE].string_value or None
+
+
 def _subset(message: ep.ProcessingRequest) -> frozenset[str] | None:
     """The proxy's subset hint (a list or a comma-separated string), if it sent one."""
     hint = message.metadata_context.filter_metadata.get(SUBSET_NAMESPACE)
@@ -175,7 +185,7 @@ class ExtProcStream:
             if kind == "request_body":
                 return self._on_request_body(request.request_body)
             if kind == "response_headers":
-                return self._on_response_headers(request.response_headers)
+                return self._on_response_headers(request)
             if kind == "response_body":
                 return self._on_response_body(request.response_body)
         except SessionPaused as exc:
@@ -243,15 +253,18 @@ class ExtProcStream:
 
     # -- response path ---------------------------------------------------------------------
 
-    def _on_response_headers(self, message: ep.HttpHeaders) -> ep.ProcessingResponse:
+    def _on_response_headers(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse:
         """The upstream answered (or Envoy did, e.g. no healthy upstream): commit or not, and
         read a JSON answer's body in one more message on this stream."""
         reply = _passthrough("response_headers")
         api = self._router.api_of(self._replay_id) if self._replay_id else None
         if api is None or self._replay_id is None:
             return reply
+        message = request.response_headers
         headers = _headers_dict(message)
-        self._router.response_started(self._replay_id, int(headers.get(":status", "0") or 0))
+        self._router.response_started(
+            self._replay_id, int(headers.get(":status", "0") or 0), _upstream(request)
+        )
         if headers.get("content-type", "").startswith("text/event-stream"):
             return reply  # the observe filter reads the stream without holding it
         self._observer = ResponseObserver(api, streaming=False)

@@ -206,3 +206,19 @@ def test_an_empty_subset_is_503(config, clock):
     reply = stream.handle(body_msg(BODY))
     assert reply.immediate_response.status.code == 503
     assert orjson.loads(reply.immediate_response.body)["error"]["code"] == "model_unavailable"
+
+
+def test_the_served_worker_is_learnt_from_envoys_attribute(config, clock):
+    router = two_worker_router(config, clock)
+    long = orjson.dumps({"model": "auto", "messages": [
+        {"role": "user", "content": "please refactor " + "the module " * 100}]})
+    stream, replay_id = routed_stream(router, long)
+    picked = router.replay.get(replay_id)["worker"]["picked"]
+    other = next(a for a in ("10.0.0.1:80", "10.0.0.2:80") if a != picked)
+    headers = response_headers("200", "application/json")
+    headers.attributes["envoy.filters.http.ext_proc"].update({"upstream.address": other})
+    stream.handle(headers)
+    stream.handle(ep.ProcessingRequest(response_body=ep.HttpBody(body=b"{}", end_of_stream=True)))
+    assert router.replay.get(replay_id)["outcome"]["served_worker"] == other
+    # Envoy fell back to another worker: the prefix index now knows the prompt is there too.
+    assert router.pools.index.held(other) == router.pools.index.held(picked) > 10

@@ -74,6 +74,7 @@ def test_kv_aware_picking_beats_round_robin_and_serves_the_pick(tmp_path):
             record = replay_outcome(stack, headers["x-replay-id"])
             # The worker the processor picked is the one Envoy sent the request to.
             assert record["worker"]["picked"] == headers["x-saar-worker"]
+            assert record["outcome"]["served_worker"] == headers["x-saar-worker"]
             assert headers["x-sim-instance"].startswith("qwen3-8b-")
         picks = {h["x-saar-worker"] for h in seen}
         assert len(picks) == 2  # sessions are spread over both workers, not piled on one
