@@ -27,7 +27,7 @@ class Background:
     def __init__(self, router: Router) -> None:
         self._router = router
         self._tasks: list[asyncio.Task[None]] = []
-        self._subscribers: list[KVEventSubscriber] = []
+        self._subscribers: dict[str, KVEventSubscriber] = {}
         self._session: aiohttp.ClientSession | None = None
         self._mtime: float | None = None
 
@@ -43,13 +43,7 @@ class Background:
             self._spawn("admission-tick", self._tick, scheduling.admission.tick_seconds)
         if scheduling.workers_file:
             self._spawn("watch-workers-file", self._watch, WATCH_SECONDS)
-        index = self._router.pools.index
-        if isinstance(index, PreciseKVIndex):
-            for worker in self._router.pools.all_workers():
-                if worker.kv_events:
-                    subscriber = KVEventSubscriber(index, worker.address, worker.kv_events)
-                    subscriber.start()
-                    self._subscribers.append(subscriber)
+        self._subscribe()
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -57,7 +51,7 @@ class Background:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        for subscriber in self._subscribers:
+        for subscriber in self._subscribers.values():
             await subscriber.stop()
         if self._session is not None:
             await self._session.close()
@@ -117,4 +111,19 @@ class Background:
         removed = self._router.pools.registry.reload_file(path)
         for address in removed:
             self._router.pools.index.forget(address)
+            subscriber = self._subscribers.pop(address, None)
+            if subscriber is not None:
+                await subscriber.stop()
+        self._subscribe()
         log.info("workers file %s reloaded; %d workers left the pools", path, len(removed))
+
+    def _subscribe(self) -> None:
+        """Precise prefix mode: follow the KV events of every worker that publishes them."""
+        index = self._router.pools.index
+        if not isinstance(index, PreciseKVIndex):
+            return
+        for worker in self._router.pools.all_workers():
+            if worker.kv_events and worker.address not in self._subscribers:
+                subscriber = KVEventSubscriber(index, worker.address, worker.kv_events)
+                subscriber.start()
+                self._subscribers[worker.address] = subscriber

@@ -50,3 +50,30 @@ async def test_replay_over_grpc_and_http(service):
         assert (await http.get("/v1/replay/nope")).status_code == 404
         assert (await http.get("/v1/replay")).status_code == 400
         assert "saar_decisions_total" in (await http.get("/metrics")).text
+
+
+async def test_workers_file_is_reloaded_without_a_restart(config, tmp_path):
+    import asyncio
+
+    workers = tmp_path / "workers.yaml"
+    workers.write_text("qwen3-8b: [10.0.0.7:8000]\n")
+    scheduling = replace(config.scheduling, workers_file=str(workers))
+    running = await start(replace(config, scheduling=scheduling, server=replace(
+        config.server, grpc_port=0, http_port=0)))
+    try:
+        def pool() -> set[str]:
+            return {w.address for w in running.router.pools.registry.pool("qwen3-8b")}
+
+        for _ in range(40):
+            if "10.0.0.7:8000" in pool():
+                break
+            await asyncio.sleep(0.05)
+        assert pool() == {"127.0.0.1:8101", "10.0.0.7:8000"}
+        workers.write_text("qwen3-8b: [10.0.0.8:8000]\n")
+        for _ in range(60):
+            if "10.0.0.8:8000" in pool():
+                break
+            await asyncio.sleep(0.05)
+        assert pool() == {"127.0.0.1:8101", "10.0.0.8:8000"}
+    finally:
+        await running.stop()
