@@ -61,7 +61,6 @@ class Stack:
     workdir: Path
     url: str
     processor_http: str
-    envoy_admin: str
     sims: dict[str, list[str]]
     config_path: Path
     access_log: Path
@@ -160,11 +159,11 @@ def run_stack(
                                "--concurrency", "1", "--use-dynamic-base-id"])
         wait_http(f"http://127.0.0.1:{ports.admin}/ready", proc)
         yield Stack(
-            tmp, f"http://127.0.0.1:{ports.listen}", f"http://127.0.0.1:{http_port}",
-            f"http://127.0.0.1:{ports.admin}", sims, config_path, access_log, procs,
+            tmp, f"http://127.0.0.1:{ports.listen}", f"http://127.0.0.1:{http_port}", sims,
+            config_path, access_log, procs,
         )
     finally:
-        Stack(tmp, "", "", "", {}, tmp, tmp, procs).stop()
+        Stack(tmp, "", "", {}, tmp, tmp, procs).stop()
         for log in logs:
             log.close()
 

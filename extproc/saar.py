@@ -200,9 +200,11 @@ class SaarEngine:
         confidence = min(1.0, max(0.0, 0.5 + margin))
         prev = state.model
         if not current.available:
+            outgrown = self._config.models[prev].context_window < request.context_tokens
             return RoutingDecision(
-                best.model, base.decision, Action.SWITCH, Phase.NORMAL, "failover", confidence,
-                base, prev, candidates=terms,
+                best.model, base.decision, Action.SWITCH, Phase.NORMAL,
+                "context_window" if outgrown else "failover", confidence, base, prev,
+                candidates=terms,
             )
         wants_switch = best.model != state.model and (
             best.adjusted > current.adjusted + knobs.switch_margin
@@ -249,7 +251,8 @@ class SaarEngine:
         out = []
         for name, score in scores.items():
             base_score = knobs.quality_gap_multiplier * score
-            available = self._health.available(name)
+            fits = models[name].context_window >= ctx
+            available = fits and self._health.available(name)
             if name == state.model:
                 out.append(CandidateTerms(name, base_score, stay_bias=stay, available=available))
                 continue

@@ -86,6 +86,10 @@ class HybridSelector:
         rules = decision.rules
         topical = matched and bool(rules.keywords or rules.regex)
         names = [ref.model for ref in decision.modelRefs]
+        # A model whose window the context does not fit is no candidate (if none fits, all stay:
+        # the backends will say so better than we can).
+        fits = [n for n in names if self._models[n].context_window >= request.context_tokens]
+        names = fits or names
         scores = hybrid_scores({n: self._models[n] for n in names}, difficulty)
         ranked = sorted(scores.values(), reverse=True)
         margin = ranked[0] - ranked[1] if len(ranked) > 1 else 1.0

@@ -169,7 +169,6 @@ class ExtProcStream:
         self._replay_id: str | None = None
         self._finished = False
         self._observing = False
-        self._replied = False
 
     def handle(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse | Hold | None:
         kind = request.WhichOneof("request")

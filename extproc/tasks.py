@@ -80,8 +80,11 @@ class Background:
             async with self._session.get(url) as response:
                 text = await response.text()
         except (TimeoutError, aiohttp.ClientError):
+            # An unreachable server is left out of the pick (Envoy's fallback still covers it).
             metrics.scrape_failures.labels(address).inc()
+            pools.registry.set_healthy(address, False)
             return
+        pools.registry.set_healthy(address, True)
         if pools.registry.apply_scrape(address, text, self._router.clock()):
             index = pools.index
             if isinstance(index, ApproximatePrefixIndex):

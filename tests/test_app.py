@@ -77,3 +77,26 @@ async def test_workers_file_is_reloaded_without_a_restart(config, tmp_path):
         assert pool() == {"127.0.0.1:8101", "10.0.0.8:8000"}
     finally:
         await running.stop()
+
+
+async def test_a_worker_whose_metrics_are_unreachable_leaves_the_pick(config):
+    import asyncio
+
+    from extproc.harness import free_port
+
+    dead = f"127.0.0.1:{free_port()}"  # nothing listens there
+    models = {**config.models,
+              "qwen3-8b": replace(config.models["qwen3-8b"], endpoints=(dead, "127.0.0.1:8101"))}
+    running = await start(replace(config, models=models, server=replace(
+        config.server, grpc_port=0, http_port=0)))
+    try:
+        def health() -> dict[str, bool]:
+            return {w.address: w.healthy for w in running.router.pools.registry.pool("qwen3-8b")}
+
+        for _ in range(60):
+            if not health()[dead]:
+                break
+            await asyncio.sleep(0.05)
+        assert health()[dead] is False
+    finally:
+        await running.stop()

@@ -285,3 +285,15 @@ def test_switch_pricing_uses_the_measured_prefix_on_the_candidates_workers(sessi
     # The cheap model's worker already holds the prompt: its re-prefill term is gone.
     reprefill = estimated["ctx"] * (0.20 - 0.02) / 1e6
     assert estimated["transition"] - measured["transition"] == pytest.approx(reprefill, rel=0.05)
+
+
+def test_a_session_that_outgrows_its_models_window_moves(session_config, clock):
+    small = replace(session_config.models[CHEAP], context_window=8_000)
+    driver = Driver(replace(session_config, models={**session_config.models, CHEAP: small}),
+                    clock)
+    assert driver.send(chat("summarise the day")).model == CHEAP
+    # 12k tokens of context: the cheap model's 8k window no longer fits, whatever the price.
+    routed = driver.send(chat("summarise it again", context_chars=48_000))
+    rec = driver.record(routed)
+    assert (routed.model, rec["reason"]) == (STRONG, "context_window")
+    assert rec["base"]["scores"].keys() == {STRONG}

@@ -11,7 +11,6 @@ from ..envoy_config import OBSERVER, PROCESSOR
 
 Bootstrap = dict[str, Any]
 VARIANTS = ("envoy", "passthrough", "saar")
-EXTRA_VARIANTS = ("saar-two-streams", "saar-route-only")
 
 
 def _http_filters(doc: Bootstrap) -> list[dict[str, Any]]:

@@ -21,7 +21,6 @@ class RunMetrics:
     """TTFT samples still waiting at the horizon, counted with their wait so far."""
     held_turns: int = 0
     max_paused: int = 0
-    sessions_done: int = 0
 
     def turn_done(self, prompt: int, cached: int, output: int, reprefill: int) -> None:
         self.turns += 1

@@ -239,7 +239,6 @@ class Simulation:
 
     def _session_done(self, run: _Run) -> None:
         self._live -= 1
-        self.metrics.sessions_done += 1
         if self.policy.admission is not None:
             self.policy.admission.release(run.script.key)
         if run.parent is not None:

@@ -46,9 +46,6 @@ class Oracle:
         self._issuer[minted] = model
         return minted
 
-    def issuer(self, minted: str) -> str | None:
-        return self._issuer.get(minted)
-
     def judge(self, session: str, served: str, carried: Carried) -> Verdict:
         """Count one served turn. A turn with foreign tool results is a tool-loop violation even
         when it also carries foreign provider state: each violation is counted once."""
