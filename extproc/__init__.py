@@ -4,12 +4,12 @@ The public surface is small: load a ``Config``, build a ``Router`` (the sans-IO 
 adapter, the evaluation matrix and the simulators all drive), and feed it requests and responses.
 """
 
+from .apis.request import parse_request
+from .apis.response import ResponseObserver
 from .config import Config, ConfigError, load_config, parse_config
+from .core.router import Routed, Router
+from .core.saar import RoutingDecision, SaarEngine
 from .errors import RoutingError
-from .request import parse_request
-from .response import ResponseObserver
-from .router import Routed, Router
-from .saar import RoutingDecision, SaarEngine
 from .types import Action, Api, Phase, RequestSummary, ResponseSummary, SessionIdentity
 
 __all__ = [

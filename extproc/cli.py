@@ -15,8 +15,8 @@ from collections.abc import Sequence
 def _serve(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from .app import serve_forever
     from .config import load_config
+    from .service.app import serve_forever
 
     config = load_config(args.config)
     server = config.server
@@ -29,15 +29,15 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _sim_server(args: argparse.Namespace) -> int:
-    from .sim.server import run
+    from .dev.sim.server import run
 
     run(args)
     return 0
 
 
 def _envoy_config(args: argparse.Namespace) -> int:
+    from .adapter.bootstrap import EnvoyPorts, render
     from .config import load_config
-    from .envoy_config import EnvoyPorts, render
 
     config = load_config(args.config)
     ports = EnvoyPorts(
@@ -53,7 +53,7 @@ def _envoy_config(args: argparse.Namespace) -> int:
 
 def _replay_show(args: argparse.Namespace) -> int:
     if args.file:
-        from .replay import read_jsonl
+        from .observability.replay import read_jsonl
 
         record = read_jsonl(args.file, args.replay_id)
         if record is None:
@@ -72,13 +72,13 @@ def _replay_show(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from .dev.demo import run_demo
 
     return run_demo(args.config)
 
 
 def _bench_overhead(args: argparse.Namespace) -> int:
-    from .bench.overhead import Settings, main
+    from .dev.bench.overhead import Settings, main
 
     settings = Settings(variants=tuple(args.variants.split(",")), warmup_s=args.warmup,
                         duration_s=args.duration, client=args.client, upstream=args.upstream)
@@ -86,13 +86,13 @@ def _bench_overhead(args: argparse.Namespace) -> int:
 
 
 def _eval_matrix(args: argparse.Namespace) -> int:
-    from .evaluation.cli import run
+    from .dev.evaluation.cli import run
 
     return run(args)
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from .clustersim.runner import run
+    from .dev.clustersim.runner import run
 
     return run(args)
 
@@ -108,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--http-port", type=int)
     serve.set_defaults(func=_serve)
 
-    from .sim.server import add_arguments
+    from .dev.sim.server import add_arguments
 
     sim = sub.add_parser("sim-server", help="run a simulated vLLM-like model server")
     add_arguments(sim)
@@ -154,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluation = sub.add_parser("eval", help="offline evaluations of the routing engine")
     eval_sub = evaluation.add_subparsers(dest="eval_command", required=True)
     matrix = eval_sub.add_parser("matrix", help="the SAAR article's deterministic policy matrix")
-    from .evaluation.cli import add_arguments as add_matrix_arguments
+    from .dev.evaluation.cli import add_arguments as add_matrix_arguments
 
     add_matrix_arguments(matrix)
     matrix.set_defaults(func=_eval_matrix)
@@ -162,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     simulate = sub.add_parser(
         "simulate", help="discrete-event simulation of routing policies on agentic traffic"
     )
-    from .clustersim.runner import add_arguments as add_simulate_arguments
+    from .dev.clustersim.runner import add_arguments as add_simulate_arguments
 
     add_simulate_arguments(simulate)
     simulate.set_defaults(func=_simulate)

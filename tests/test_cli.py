@@ -6,7 +6,7 @@ from dataclasses import replace
 import orjson
 
 from extproc.cli import main
-from extproc.router import Router
+from extproc.core.router import Router
 from extproc.types import Api, ResponseSummary
 
 

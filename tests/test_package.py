@@ -26,7 +26,7 @@ def test_public_api_is_pinned():
 def test_core_imports_neither_grpc_nor_asyncio():
     """The policy core stays sans-IO: only the adapter and the app touch gRPC and the loop."""
     code = (
-        "import sys; import extproc.router, extproc.saar, extproc.pools; "
+        "import sys; import extproc.core.router, extproc.core.saar, extproc.scheduling.placement; "
         "bad = [m for m in ('grpc', 'asyncio', 'aiohttp') if m in sys.modules]; "
         "print(','.join(bad))"
     )

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
+from ..apis.request import CHARS_PER_TOKEN
 from ..config import PrefixIndexConfig
-from ..request import CHARS_PER_TOKEN
 from .types import Worker
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from extproc.harness import Stack, run_stack
+from extproc.dev.harness import Stack, run_stack
 from tests.conftest import session_config_data
 
 IDLE_TIMEOUT = 2

@@ -11,7 +11,7 @@ import openai
 import pytest
 from openai import OpenAI
 
-from extproc.harness import Stack, run_stack
+from extproc.dev.harness import Stack, run_stack
 from tests.e2e.conftest import e2e_config, get_json, replay_outcome
 
 pytestmark = pytest.mark.e2e

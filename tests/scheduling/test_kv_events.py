@@ -13,7 +13,6 @@ import xxhash
 import zmq
 import zmq.asyncio
 
-from extproc.kv_subscriber import KVEventSubscriber
 from extproc.scheduling.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -27,6 +26,7 @@ from extproc.scheduling.kv_events import (
     encode_frames,
     token_block_hashes,
 )
+from extproc.service.kv_subscriber import KVEventSubscriber
 
 BS = 4
 W = "10.0.0.1:8000"

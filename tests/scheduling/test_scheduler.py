@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 import pytest
 
+from extproc.apis.prompt import prompt_blocks
 from extproc.config import Scheduling
-from extproc.prompt import prompt_blocks
 from extproc.scheduling.affinity import SessionAffinityScorer
 from extproc.scheduling.filters import SubsetFilter
 from extproc.scheduling.picker import MaxScorePicker

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
+from extproc.dev.sim.metrics import SimMetrics
 from extproc.scheduling.signals import Signals, parse_metrics
-from extproc.sim.metrics import SimMetrics
 
 SGLANG = """\
 # HELP sglang:num_running_reqs The number of running requests.

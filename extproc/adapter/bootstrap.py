@@ -1,0 +1,337 @@
+"""Renders the Envoy bootstrap that puts the processor in front of the model clusters.
+
+The checked-in ``envoy/envoy.yaml`` is this output for ``config/example.yaml``; the demo, the
+tests and the benchmark render their own with the ports they use, so there is one source of truth.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from ..config import Config
+
+EXT_PROC = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
+HTTP_OPTIONS = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+BUFFER_LIMIT = 32 * 1024 * 1024
+
+# Response header → metadata key written by the processor (see server._metadata).
+DIAGNOSTIC_HEADERS = {
+    "x-replay-id": "replay_id",
+    "x-saar-selected-model": "selected_model",
+    "x-saar-decision": "decision",
+    "x-saar-session-phase": "session_phase",
+    "x-saar-action": "action",
+    "x-saar-confidence": "confidence",
+    "x-saar-context-tokens": "context_tokens",
+}
+WORKER_HEADER = "x-saar-worker"
+DESTINATION_HEADER = "x-gateway-destination-endpoint"
+OBSERVE_HEADER = "x-saar-observe"
+PROCESSOR = "saar_extproc"
+OBSERVER = "saar_extproc_observe"
+
+
+@dataclass(frozen=True)
+class EnvoyPorts:
+    listen: int = 10000
+    admin: int = 9901
+    processor_host: str = "127.0.0.1"
+    processor_port: int = 9002
+    listen_host: str = "127.0.0.1"
+
+
+def render(config: Config, ports: EnvoyPorts, *, access_log: str | None = None) -> str:
+    return yaml.safe_dump(bootstrap(config, ports, access_log=access_log), sort_keys=False)
+
+
+def bootstrap(
+    config: Config, ports: EnvoyPorts, *, access_log: str | None = None
+) -> dict[str, Any]:
+    default_cluster = next(iter(config.models.values())).cluster
+    cluster_header = config.routing.cluster_header
+    hcm: dict[str, Any] = {
+        "@type": "type.googleapis.com/envoy.extensions.filters.network."
+        "http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": "ingress",
+        "codec_type": "AUTO",
+        "route_config": {
+            "name": "models",
+            "virtual_hosts": [
+                {
+                    "name": "models",
+                    "domains": ["*"],
+                    # Remove first: an upstream must never be able to forge our diagnostics.
+                    "response_headers_to_remove": [*DIAGNOSTIC_HEADERS, WORKER_HEADER],
+                    "response_headers_to_add": [
+                        _add_header(name, f"%DYNAMIC_METADATA(saar:{key})%")
+                        for name, key in DIAGNOSTIC_HEADERS.items()
+                    ]
+                    + [_add_header(WORKER_HEADER, "%UPSTREAM_REMOTE_ADDRESS%")],
+                    "routes": [
+                        # Streamed answers: the observe filter reads them without holding them.
+                        {
+                            "match": {
+                                "prefix": "/",
+                                "headers": [
+                                    {"name": cluster_header, "present_match": True},
+                                    {"name": OBSERVE_HEADER, "present_match": True},
+                                ],
+                            },
+                            "route": {"cluster_header": cluster_header, "timeout": "0s"},
+                        },
+                        {
+                            "match": {
+                                "prefix": "/",
+                                "headers": [{"name": cluster_header, "present_match": True}],
+                            },
+                            "route": {"cluster_header": cluster_header, "timeout": "0s"},
+                            "typed_per_filter_config": _observe_off(),
+                        },
+                        {
+                            "match": {"prefix": "/"},
+                            "route": {"cluster": default_cluster},
+                            "typed_per_filter_config": _observe_off(),
+                        },
+                    ],
+                }
+            ],
+        },
+        "http_filters": [_routing_filter(), _observe_filter(), _router_filter()],
+    }
+    if access_log:
+        hcm["access_log"] = [_access_log(access_log)]
+    return {
+        # The admin port can reconfigure Envoy: never expose it beyond loopback.
+        "admin": {"address": _address("127.0.0.1", ports.admin)},
+        "static_resources": {
+            "listeners": [
+                {
+                    "name": "llm",
+                    "address": _address(ports.listen_host, ports.listen),
+                    "per_connection_buffer_limit_bytes": BUFFER_LIMIT,
+                    "filter_chains": [
+                        {
+                            "filters": [
+                                {
+                                    "name": "envoy.filters.network.http_connection_manager",
+                                    "typed_config": hcm,
+                                }
+                            ]
+                        }
+                    ],
+                }
+            ],
+            "clusters": [_processor_cluster(PROCESSOR, ports), _processor_cluster(OBSERVER, ports)]
+            + [
+                _model_cluster(model.cluster, model.addresses)
+                for model in config.models.values()
+            ],
+        },
+    }
+
+
+def _observe_off() -> dict[str, Any]:
+    return {
+        "saar-observe": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3."
+            "ExtProcPerRoute",
+            "disabled": True,
+        }
+    }
+
+
+def _routing_filter() -> dict[str, Any]:
+    """One stream per request: headers, the buffered body (the reply routes and rewrites it),
+    the response headers and — switched on per request — a JSON answer's buffered body."""
+    return {
+        "name": "saar",
+        "typed_config": {
+            "@type": EXT_PROC,
+            "stat_prefix": "saar",
+            "grpc_service": {
+                "envoy_grpc": {"cluster_name": PROCESSOR},
+                "timeout": "5s",
+            },
+            # Fail closed: a request that bypassed the processor would keep spoofed headers.
+            "failure_mode_allow": False,
+            "message_timeout": "1s",
+            "max_message_timeout": "60s",
+            "allow_mode_override": True,
+            # Which worker Envoy really used, sent with the response headers.
+            "response_attributes": ["upstream.address"],
+            "processing_mode": {
+                "request_header_mode": "SEND",
+                "request_body_mode": "BUFFERED",
+                "response_header_mode": "SEND",
+                "response_body_mode": "NONE",
+                "request_trailer_mode": "SKIP",
+                "response_trailer_mode": "SKIP",
+            },
+            "metadata_options": {
+                "receiving_namespaces": {"untyped": ["saar", "envoy.lb"]},
+                # The proxy's subset hint reaches the processor as filter metadata.
+                "forwarding_namespaces": {"untyped": ["envoy.lb.subset_hint"]},
+            },
+        },
+    }
+
+
+def _observe_filter() -> dict[str, Any]:
+    """Non-blocking, and on only for streamed (SSE) answers (by route): the chunks stream past
+    the processor, which learns ids and usage without holding any of them."""
+    return {
+        "name": "saar-observe",
+        "typed_config": {
+            "@type": EXT_PROC,
+            "stat_prefix": "saar_observe",
+            "grpc_service": {
+                "envoy_grpc": {"cluster_name": OBSERVER},
+                "timeout": "5s",
+            },
+            "observability_mode": True,
+            # The processor ends the stream once the response is understood; this bounds
+            # how long Envoy keeps one open if it does not.
+            "deferred_close_timeout": "1s",
+            "failure_mode_allow": True,
+            "processing_mode": {
+                "request_header_mode": "SKIP",
+                "request_body_mode": "NONE",
+                "response_header_mode": "SKIP",
+                "response_body_mode": "STREAMED",
+                "request_trailer_mode": "SKIP",
+                "response_trailer_mode": "SKIP",
+            },
+            "metadata_options": {"forwarding_namespaces": {"untyped": ["saar"]}},
+        },
+    }
+
+
+def _router_filter() -> dict[str, Any]:
+    return {
+        "name": "envoy.filters.http.router",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+        },
+    }
+
+
+def _add_header(name: str, value: str) -> dict[str, Any]:
+    return {"header": {"key": name, "value": value}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}
+
+
+def _access_log(path: str) -> dict[str, Any]:
+    return {
+        "name": "envoy.access_loggers.file",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
+            "path": path,
+            "log_format": {
+                "json_format": {
+                    "path": "%REQ(:PATH)%",
+                    "status": "%RESPONSE_CODE%",
+                    "cluster": "%UPSTREAM_CLUSTER%",
+                    "upstream": "%UPSTREAM_HOST%",
+                    "replay_id": "%DYNAMIC_METADATA(saar:replay_id)%",
+                    "duration_ms": "%DURATION%",
+                }
+            },
+        },
+    }
+
+
+def _address(host: str, port: int) -> dict[str, Any]:
+    return {"socket_address": {"address": host, "port_value": port}}
+
+
+def _endpoints(name: str, endpoints: tuple[str, ...]) -> dict[str, Any]:
+    lb = []
+    for endpoint in endpoints:
+        host, _, port = endpoint.rpartition(":")
+        lb.append({"endpoint": {"address": _address(host, int(port))}})
+    return {"cluster_name": name, "endpoints": [{"lb_endpoints": lb}]}
+
+
+def _discovery(endpoints: tuple[str, ...]) -> str:
+    for endpoint in endpoints:
+        try:
+            ipaddress.ip_address(endpoint.rpartition(":")[0])
+        except ValueError:
+            return "STRICT_DNS"
+    return "STATIC"
+
+
+def _processor_cluster(name: str, ports: EnvoyPorts) -> dict[str, Any]:
+    """The processor, once per filter: observation (fail open) must never use up the streams
+    of routing (fail closed). One stream per HTTP request, so the default limit of 1,024
+    concurrent requests would cap the proxy; it is lifted."""
+    endpoints = (f"{ports.processor_host}:{ports.processor_port}",)
+    limit = 1_000_000
+    return {
+        "name": name,
+        "type": _discovery(endpoints),
+        "connect_timeout": "1s",
+        "circuit_breakers": {
+            "thresholds": [
+                {"max_connections": limit, "max_pending_requests": limit,
+                 "max_requests": limit, "max_retries": 3}
+            ]
+        },
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": HTTP_OPTIONS,
+                "explicit_http_config": {"http2_protocol_options": {}},
+            }
+        },
+        "load_assignment": _endpoints(name, endpoints),
+    }
+
+
+def _model_cluster(name: str, endpoints: tuple[str, ...]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "type": _discovery(endpoints),
+        "connect_timeout": "1s",
+        "per_connection_buffer_limit_bytes": BUFFER_LIMIT,
+        "load_assignment": _endpoints(name, endpoints),
+        "load_balancing_policy": _override_host_policy(),
+    }
+
+
+def _override_host_policy() -> dict[str, Any]:
+    """Go to the worker the processor picked (metadata list first: primary then fallbacks, else
+    the header); without a pick, or when the picked hosts are gone, Envoy balances as usual."""
+    return {
+        "policies": [
+            {
+                "typed_extension_config": {
+                    "name": "envoy.load_balancing_policies.override_host",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.load_balancing_policies."
+                        "override_host.v3.OverrideHost",
+                        "override_host_sources": [
+                            {"metadata": {"key": "envoy.lb",
+                                          "path": [{"key": DESTINATION_HEADER}]}},
+                            {"header": DESTINATION_HEADER},
+                        ],
+                        "fallback_policy": {
+                            "policies": [
+                                {
+                                    "typed_extension_config": {
+                                        "name": "envoy.load_balancing_policies.round_robin",
+                                        "typed_config": {
+                                            "@type": "type.googleapis.com/envoy.extensions."
+                                            "load_balancing_policies.round_robin.v3.RoundRobin"
+                                        },
+                                    }
+                                }
+                            ]
+                        },
+                    },
+                }
+            }
+        ]
+    }

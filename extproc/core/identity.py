@@ -1,0 +1,117 @@
+"""Session identity from the headers real agent harnesses send, scoped by tenant.
+
+Header values are client-controlled, so they are capped and keyed under the caller's tenant: one
+caller can name any session it likes but only ever reaches its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import orjson
+import xxhash
+
+from ..types import SessionIdentity
+
+_TRUE = frozenset({"true", "1", "yes"})
+
+
+@dataclass(frozen=True, slots=True)
+class HarnessHeaders:
+    """One harness's header names: its session id and, when it has them, its parent link.
+
+    A harness with a ``child`` header (Claude Code) names sub-agents under a root session: a child
+    is its own session, and its parent is the ``parent`` header or else the root.
+    """
+
+    session: str
+    parent: str | None = None
+    child: str | None = None
+
+
+# Highest precedence first: Dynamo's canonical header wins over every harness header.
+HARNESSES: tuple[HarnessHeaders, ...] = (
+    HarnessHeaders("x-dynamo-session-id", "x-dynamo-parent-session-id"),
+    HarnessHeaders(
+        "x-claude-code-session-id", "x-claude-code-parent-agent-id", "x-claude-code-agent-id"
+    ),
+    HarnessHeaders("thread-id", "x-codex-parent-thread-id"),
+    HarnessHeaders("session-id", "x-codex-parent-thread-id"),
+    HarnessHeaders("x-deepseek-harness-session-id", "x-deepseek-harness-parent-session-id"),
+    HarnessHeaders("x-session-id", "x-parent-session-id"),
+    HarnessHeaders("x-conversation-id"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class IdentityReader:
+    """Reads ``SessionIdentity`` from lower-cased request headers.
+
+    ``tenant_header`` names a header set by a trusted filter in front of the processor (for example
+    an auth filter); without it the tenant is a hash of the caller's credential.
+    """
+
+    tenant_header: str | None = None
+    extra_session_headers: tuple[str, ...] = ()
+    max_value_bytes: int = 256
+    _harnesses: tuple[HarnessHeaders, ...] = field(default=(), init=False, repr=False)
+
+    def read(self, headers: Mapping[str, str]) -> SessionIdentity:
+        tenant = self._tenant(headers)
+        final = headers.get("x-dynamo-session-final", "").strip().lower() in _TRUE
+        compaction = _is_compaction(headers.get("x-codex-turn-metadata"))
+        for harness in self.harnesses:
+            value = headers.get(harness.session)
+            if not value:
+                continue
+            session, parent = self._session_and_parent(harness, headers, self._cap(value))
+            return SessionIdentity(tenant, session, harness.session, parent, final, compaction)
+        return SessionIdentity(tenant, None, None, None, final, compaction)
+
+    @property
+    def harnesses(self) -> tuple[HarnessHeaders, ...]:
+        return self._harnesses
+
+    def __post_init__(self) -> None:
+        extra = tuple(HarnessHeaders(h.lower()) for h in self.extra_session_headers)
+        object.__setattr__(self, "_harnesses", HARNESSES + extra)
+
+    def _session_and_parent(
+        self, harness: HarnessHeaders, headers: Mapping[str, str], root: str
+    ) -> tuple[str, str | None]:
+        parent = self._header(headers, harness.parent)
+        if harness.child is not None:
+            child = self._header(headers, harness.child)
+            return (child, parent or root) if child else (root, None)
+        return root, parent if parent != root else None
+
+    def _header(self, headers: Mapping[str, str], name: str | None) -> str | None:
+        value = headers.get(name) if name else None
+        return self._cap(value) if value else None
+
+    def _tenant(self, headers: Mapping[str, str]) -> str:
+        tenant = self._header(headers, self.tenant_header)
+        if tenant:
+            return "t-" + tenant
+        credential = headers.get("authorization") or headers.get("x-api-key")
+        if credential:
+            return "k-" + xxhash.xxh3_64_hexdigest(credential.encode())
+        return "anonymous"
+
+    def _cap(self, value: str) -> str:
+        """Keep ids short: a longer value is replaced by its hash, never truncated into a clash."""
+        value = value.strip()
+        if len(value.encode()) <= self.max_value_bytes:
+            return value
+        return "h-" + xxhash.xxh3_128_hexdigest(value.encode())
+
+
+def _is_compaction(metadata: str | None) -> bool:
+    if not metadata:
+        return False
+    try:
+        parsed = orjson.loads(metadata)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(parsed, dict) and parsed.get("request_kind") == "compaction"

@@ -1,0 +1,136 @@
+"""Base selection: the per-request choice that SAAR wraps.
+
+Signals from the request pick the highest-priority matching decision; its candidate models are
+then ranked by the ``hybrid`` method, which trades quality fit for the decision's difficulty
+against price. A turn that matches no rule carries no evidence of a new task, so it inherits the
+session's decision (``default``) instead of falling to the catch-all one: a bare "continue" is not
+drift. A match on content (keywords, regex) is ``topical``: only that says the task changed; a
+match on size, tools, API or headers says the request changed shape. The selector is one object
+with one method so a classifier can replace it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from ..config import Config, Decision, Model, Rules
+from ..types import RequestSummary
+
+PRICE_WEIGHT = 0.35
+"""How much a candidate's relative price costs in score units (quality fit is in [0, 1])."""
+
+UNDERQUALIFIED_PENALTY = 2.0
+OVERQUALIFIED_PENALTY = 0.25
+
+
+@dataclass(frozen=True, slots=True)
+class BaseChoice:
+    decision: str
+    model: str
+    scores: dict[str, float]
+    difficulty: float
+    confidence: float
+    matched: bool = True
+    """False when no rule matched and the default decision was used."""
+    topical: bool = False
+    """True when the decision matched on content (keywords or regex)."""
+
+
+class Selector(Protocol):
+    def select(
+        self, request: RequestSummary, headers: Mapping[str, str], default: str | None = None
+    ) -> BaseChoice:
+        """Rank the candidates of the decision this request matches (``default`` if none does)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class _CompiledDecision:
+    decision: Decision
+    keywords: tuple[str, ...]
+    patterns: tuple[re.Pattern[str], ...]
+    has_rules: bool
+
+
+class HybridSelector:
+    """Rule signals → decision → hybrid (quality fit vs price) candidate scores."""
+
+    def __init__(self, config: Config) -> None:
+        self._models = config.models
+        ordered = sorted(config.routing.decisions, key=lambda d: -d.priority)
+        self._decisions = tuple(
+            _CompiledDecision(
+                d,
+                tuple(k.lower() for k in d.rules.keywords),
+                tuple(re.compile(p, re.IGNORECASE) for p in d.rules.regex),
+                d.rules != Rules(),
+            )
+            for d in ordered
+        )
+        self._by_name = {d.name: d for d in ordered}
+        # The catch-all: the highest-priority decision without rules, else the lowest one.
+        rule_less = [c.decision for c in self._decisions if not c.has_rules]
+        self._fallback = rule_less[0] if rule_less else self._decisions[-1].decision
+
+    def select(
+        self, request: RequestSummary, headers: Mapping[str, str], default: str | None = None
+    ) -> BaseChoice:
+        decision = self.match(request, headers)
+        matched = decision is not None
+        if decision is None:
+            decision = self._by_name.get(default or "", self._fallback)
+        difficulty = decision.difficulty
+        rules = decision.rules
+        topical = matched and bool(rules.keywords or rules.regex)
+        names = [ref.model for ref in decision.modelRefs]
+        # A model whose window the context does not fit is no candidate (if none fits, all stay:
+        # the backends will say so better than we can).
+        fits = [n for n in names if self._models[n].context_window >= request.context_tokens]
+        names = fits or names
+        scores = hybrid_scores({n: self._models[n] for n in names}, difficulty)
+        ranked = sorted(scores.values(), reverse=True)
+        margin = ranked[0] - ranked[1] if len(ranked) > 1 else 1.0
+        best = max(names, key=lambda n: scores[n])
+        confidence = min(1.0, 0.5 + margin)
+        return BaseChoice(decision.name, best, scores, difficulty, confidence, matched, topical)
+
+    def match(self, request: RequestSummary, headers: Mapping[str, str]) -> Decision | None:
+        """The highest-priority decision whose rules the request meets; rule-less ones excluded."""
+        text = request.latest_text.lower()
+        for compiled in self._decisions:
+            if compiled.has_rules and _matches(compiled, request, headers, text):
+                return compiled.decision
+        return None
+
+
+def _matches(
+    compiled: _CompiledDecision, request: RequestSummary, headers: Mapping[str, str], text: str
+) -> bool:
+    rules = compiled.decision.rules
+    if compiled.keywords and not any(k in text for k in compiled.keywords):
+        return False
+    if compiled.patterns and not any(p.search(request.latest_text) for p in compiled.patterns):
+        return False
+    if rules.min_context_tokens and request.context_tokens < rules.min_context_tokens:
+        return False
+    if rules.max_context_tokens and request.context_tokens > rules.max_context_tokens:
+        return False
+    if rules.tools is not None and bool(request.tools_offered) != rules.tools:
+        return False
+    if rules.apis and request.api.value not in rules.apis:
+        return False
+    return all(headers.get(k.lower()) == v for k, v in rules.headers.items())
+
+
+def hybrid_scores(models: Mapping[str, Model], difficulty: float) -> dict[str, float]:
+    """Quality fit for ``difficulty`` minus relative price; an underqualified model pays most."""
+    top_price = max(m.pricing.prompt for m in models.values()) or 1.0
+    scores = {}
+    for name, model in models.items():
+        gap = difficulty - model.quality
+        fit = 1.0 - (UNDERQUALIFIED_PENALTY * gap if gap > 0 else OVERQUALIFIED_PENALTY * -gap)
+        scores[name] = fit - PRICE_WEIGHT * model.pricing.prompt / top_price
+    return scores

@@ -1,0 +1,169 @@
+"""``saar bench overhead``: Envoy alone, Envoy + a pass-through Python processor, and Envoy + saar,
+side by side in one run, so the added latency is measured against a baseline taken minutes apart
+on the same machine rather than against numbers from elsewhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..harness import run_stack
+from .bodies import SIZES, body
+from .load import Load, LoadResult, pick_client, run_load
+from .upstream import canned_upstream
+from .variants import TRANSFORMS, VARIANTS, pointed_at
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[3] / "config" / "example.yaml"
+PHYSICAL_MODEL = "qwen3-8b"
+HEADERS = {"content-type": "application/json", "x-session-id": "bench-session"}
+# Added-latency targets (ms, p50 at concurrency 1) and the req/s ceiling for saar.
+P50_TARGETS = {"2kb": 1.5, "64kb": 2.5}
+RPS_TARGET = 1500.0
+
+
+@dataclass(frozen=True)
+class Settings:
+    variants: Sequence[str] = VARIANTS
+    bodies: Sequence[str] = tuple(SIZES)
+    concurrencies: Sequence[int] = (1, 16)
+    warmup_s: float = 1.0
+    duration_s: float = 4.0
+    client: str = "auto"
+    # "canned" by default: sim-server --time-scale 0 caps Envoy alone near 1,100 req/s (2 KB) and
+    # 60 req/s (64 KB, it tokenizes the prompt) on 2 cores, so it would measure itself.
+    upstream: str = "canned"
+
+
+@dataclass(frozen=True)
+class Cell:
+    variant: str
+    body: str
+    concurrency: int
+    result: LoadResult
+
+    def as_json(self) -> dict[str, Any]:
+        r = self.result
+        return {
+            "variant": self.variant, "body": self.body, "concurrency": self.concurrency,
+            "p50_ms": round(r.p50_ms, 3), "p99_ms": round(r.p99_ms, 3), "rps": round(r.rps, 1),
+            "requests": r.requests, "non_200": r.non_200,
+        }
+
+
+@dataclass(frozen=True)
+class Report:
+    client: str
+    upstream: str
+    cells: list[Cell]
+
+    def as_json(self) -> dict[str, Any]:
+        return {"client": self.client, "upstream": self.upstream,
+                "results": [c.as_json() for c in self.cells]}
+
+    def baseline(self, cell: Cell) -> Cell | None:
+        return next((c for c in self.cells if c.variant == "envoy" and c.body == cell.body
+                     and c.concurrency == cell.concurrency), None)
+
+
+@contextlib.contextmanager
+def _upstream(kind: str, workdir: Path) -> Iterator[str | None]:
+    if kind == "sim":
+        yield None
+        return
+    with canned_upstream(workdir) as address:
+        yield address
+
+
+def _processor(variant: str) -> Callable[[int], list[str]] | None:
+    if variant.startswith("saar"):
+        return None
+    return lambda port: [sys.executable, "-m", "extproc.dev.bench.passthrough", "--port", str(port)]
+
+
+def run_overhead(config: dict[str, Any], settings: Settings) -> Report:
+    """Start each variant's stack in turn and load it with every (body, concurrency)."""
+    unknown = set(settings.variants) - TRANSFORMS.keys()
+    if unknown:
+        raise ValueError(f"unknown variants {sorted(unknown)}; known: {sorted(TRANSFORMS)}")
+    client = pick_client(settings.client)
+    cells = []
+    with tempfile.TemporaryDirectory(prefix="saar-bench-") as tmp, \
+            _upstream(settings.upstream, Path(tmp)) as upstream:
+        for variant in settings.variants:
+            model = "auto" if variant.startswith("saar") else PHYSICAL_MODEL
+            with run_stack(
+                config,
+                sim_args=["--time-scale", "0"],
+                processor=_processor(variant),
+                workdir=Path(tmp) / variant,
+                envoy_transform=pointed_at(upstream, TRANSFORMS[variant]),
+            ) as stack:
+                for name in settings.bodies:
+                    for concurrency in settings.concurrencies:
+                        load = Load(f"{stack.url}/v1/chat/completions", body(name, model),
+                                    HEADERS, concurrency, settings.warmup_s, settings.duration_s)
+                        cells.append(Cell(variant, name, concurrency, run_load(load, client)))
+    return Report(client, settings.upstream, cells)
+
+
+def _added(value: float, base: float | None) -> str:
+    return "" if base is None else f"{value - base:+.2f}"
+
+
+def format_table(report: Report) -> str:
+    head = ("variant", "body", "conc", "p50 ms", "p99 ms", "req/s", "+p50", "+p99", "non-200")
+    rows = [head]
+    for cell in report.cells:
+        r, base = cell.result, report.baseline(cell)
+        rows.append((
+            cell.variant, cell.body, str(cell.concurrency), f"{r.p50_ms:.2f}", f"{r.p99_ms:.2f}",
+            f"{r.rps:.0f}", _added(r.p50_ms, base.result.p50_ms if base else None),
+            _added(r.p99_ms, base.result.p99_ms if base else None), str(r.non_200),
+        ))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    lines = [f"client: {report.client}; upstream: {report.upstream}; "
+             "req/s counts 200s; +p50/+p99 = added over Envoy alone (same body, concurrency)"]
+    lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)) for row in rows]
+    return "\n".join([*lines, *_targets(report)])
+
+
+def _targets(report: Report) -> list[str]:
+    """Measured vs target for every processor variant (the targets are saar's)."""
+    out = []
+    for cell in report.cells:
+        base, r = report.baseline(cell), cell.result
+        if cell.variant == "envoy" or base is None:
+            continue
+        errors = f" with {r.non_200} non-200" if r.non_200 else ""
+        label = f"{cell.variant} {cell.body} c={cell.concurrency}"
+        if cell.concurrency == 1 and cell.body in P50_TARGETS:
+            added, target = r.p50_ms - base.result.p50_ms, P50_TARGETS[cell.body]
+            verdict = "met" if added <= target and not errors else "MISSED"
+            out.append(f"{label}: added p50 {added:.2f} ms{errors} (target <= {target}): {verdict}")
+        if cell.body == "2kb" and cell.concurrency > 1:
+            verdict = "met" if r.rps >= RPS_TARGET else "MISSED"
+            out.append(f"{label}: {r.rps:.0f} req/s of 200s{errors} (target >= {RPS_TARGET:.0f}):"
+                       f" {verdict}")
+    return out
+
+
+def ok(report: Report) -> bool:
+    return all(c.result.requests > 0 and c.result.non_200 == 0 for c in report.cells)
+
+
+def main(config_path: str | None, settings: Settings, *, as_json: bool) -> int:
+    config = yaml.safe_load(Path(config_path or DEFAULT_CONFIG).read_text())
+    report = run_overhead(config, settings)
+    print(format_table(report), flush=True)
+    if as_json:
+        print(json.dumps(report.as_json()), flush=True)
+    return 0 if ok(report) else 1

@@ -1,0 +1,83 @@
+"""The routing policies compared, built from the server's own scheduling objects.
+
+``kv_aware`` is the ``Scheduler`` the server builds from the default ``scheduling`` config
+(prefix, queue, KV-utilization and session-affinity scorers over an approximate prefix index
+that learns only from its own picks); ``kv_aware_admission`` adds the server's
+``AdmissionController``, wired into the Scheduler as ``Pools`` wires it. ``least_loaded`` is the
+same Scheduler with only the load scorers (queue and KV utilization: the "load-only"
+baseline); ``round_robin`` is the one local picker.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+from ...apis.request import CHARS_PER_TOKEN
+from ...config import Scheduling
+from ...scheduling.admission import AdmissionController
+from ...scheduling.prefix_index import ApproximatePrefixIndex
+from ...scheduling.scheduler import Scheduler, from_config
+from ...scheduling.types import SchedulingRequest, Worker
+
+POLICIES = ("round_robin", "least_loaded", "kv_aware", "kv_aware_admission")
+
+
+class RoundRobin:
+    name = "round_robin"
+    admission: AdmissionController | None = None
+    tick_s = 0.0
+
+    def __init__(self) -> None:
+        self._next = 0
+
+    def route(self, request: SchedulingRequest, workers: Sequence[Worker]) -> str:
+        self._next += 1
+        return workers[(self._next - 1) % len(workers)].address
+
+
+class SchedulerPolicy:
+    """Routes with a ``Scheduler``; the index is sized from the workers' reported KV as the
+    server sizes it on each scrape."""
+
+    def __init__(self, name: str, scheduler: Scheduler, index: ApproximatePrefixIndex,
+                 admission: AdmissionController | None = None, tick_s: float = 0.0) -> None:
+        self.name = name
+        self.scheduler = scheduler
+        self.index = index
+        self.admission = admission
+        self.tick_s = tick_s
+
+    def route(self, request: SchedulingRequest, workers: Sequence[Worker]) -> str:
+        for worker in workers:
+            self.index.resize(worker)
+        ordered = self.scheduler.schedule(request, workers).ordered
+        if not ordered:
+            raise RuntimeError(f"{self.name}: no worker picked")
+        return ordered[0]
+
+
+def build_policy(name: str, *, scheduling: Scheduling, block_size: int, seed: int,
+                 clock: Callable[[], float]) -> RoundRobin | SchedulerPolicy:
+    """``name`` from ``POLICIES``; ``scheduling`` is the server's config section (its prefix
+    blocks are set to the simulator's block of ``block_size`` tokens)."""
+    if name == "round_robin":
+        return RoundRobin()
+    if name not in POLICIES:
+        raise ValueError(f"unknown policy {name!r}; one of {', '.join(POLICIES)}")
+    prefix = replace(scheduling.prefix, chars_per_block=block_size * CHARS_PER_TOKEN)
+    scheduling = replace(scheduling, prefix=prefix)
+    if name == "least_loaded":
+        load = {k: w for k, w in scheduling.scorers.items() if k in ("queue", "kv_utilization")}
+        scheduling = replace(scheduling, scorers=load or {"queue": 1.0})
+    index = ApproximatePrefixIndex.from_config(scheduling.prefix)
+    rng = random.Random(seed)
+    if name != "kv_aware_admission":
+        scheduler = from_config(scheduling, index=index, rng=rng, clock=clock)
+        return SchedulerPolicy(name, scheduler, index)
+    admission = replace(scheduling.admission, enabled=True)
+    controller = AdmissionController(admission, clock=clock)
+    scheduler = from_config(scheduling, index=index, rng=rng, clock=clock,
+                            prefer=controller.preferred_worker)
+    return SchedulerPolicy(name, scheduler, index, controller, admission.tick_seconds)

@@ -1,0 +1,270 @@
+"""The event loop: sessions arrive, the policy routes each turn, workers step, admission ticks.
+
+Virtual time, one heap of events. A turn is ready when the session's tools finish; with
+admission, a turn of a paused session waits in the held queue until a tick resumes it (a turn
+already sent is never pre-empted). Routing sees each worker's live load, as a 50 ms scrape would.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ...scheduling.types import SchedulingRequest, Worker
+from .blocks import chain_ids
+from .engine import CostModel, EngineWorker, SimRequest, WorkerSpec
+from .metrics import RunMetrics
+from .workload import AgenticWorkload, Script
+
+_ARRIVE, _STEP, _TICK = 0, 1, 2
+
+
+class Admission(Protocol):
+    """What the loop needs of ``extproc.scheduling.admission.Admission``."""
+
+    def turn_started(self, session_key: str, worker: str, prompt_tokens: int) -> None: ...
+    def turn_finished(self, session_key: str, worker: str, prompt_tokens: int,
+                      completion_tokens: int) -> None: ...
+    def release(self, session_key: str) -> None: ...
+    def tick(self, workers: Sequence[Worker]) -> object: ...
+    def is_paused(self, session_key: str) -> bool: ...
+    def priority(self, session_key: str) -> float: ...
+    def paused_count(self) -> int: ...
+
+
+class Policy(Protocol):
+    name: str
+    tick_s: float
+
+    @property
+    def admission(self) -> Admission | None: ...
+
+    def route(self, request: SchedulingRequest, workers: Sequence[Worker]) -> str: ...
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    workers: int = 4
+    worker: WorkerSpec = field(default_factory=WorkerSpec)
+    cost: CostModel = field(default_factory=CostModel)
+    block_size: int = 64
+    model: str = "agent-model"
+
+
+class _Run:
+    """A live session: where it is in its script and what it has computed so far."""
+
+    __slots__ = ("computed", "index", "parent", "pending", "ready_s", "script", "slot", "spawned")
+
+    def __init__(self, script: Script, computed: int = 0, parent: _Run | None = None,
+                 slot: int | None = None) -> None:
+        self.script = script
+        self.index = 0
+        self.computed = computed
+        self.parent = parent
+        self.slot = slot
+        self.pending = 0
+        self.spawned = -1
+        self.ready_s = 0.0
+
+
+class VirtualClock:
+    """Simulated seconds; handed to the policy's admission controller as its clock."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Simulation:
+    def __init__(self, cluster: ClusterSpec, policy: Policy, clock: VirtualClock) -> None:
+        self.cluster = cluster
+        self.policy = policy
+        self.clock = clock
+        self.metrics = RunMetrics()
+        self.workers = [EngineWorker(f"10.0.0.{i + 1}:8000", cluster.worker, cluster.cost,
+                                     cluster.block_size) for i in range(cluster.workers)]
+        self._by_address = {w.address: w for w in self.workers}
+        self._views = [Worker(address=w.address, model=cluster.model,
+                              block_size=cluster.block_size, num_blocks=w.total_blocks)
+                       for w in self.workers]
+        self._events: list[tuple[float, int, int, object]] = []
+        self._seq = 0
+        self._held: list[_Run] = []
+        self._in_flight: dict[SimRequest, tuple[_Run, str]] = {}
+        self._live = 0
+        self._workload: AgenticWorkload | None = None
+        self._next_session = 0
+        self._warmup = 0.0
+
+    @property
+    def now(self) -> float:
+        return self.clock.now
+
+    def run_closed(self, workload: AgenticWorkload, concurrency: int, horizon_s: float,
+                   warmup_s: float = 0.0, ramp_s: float = 60.0) -> RunMetrics:
+        """``concurrency`` top-level sessions at all times: each one that ends is replaced.
+        Turns ready before ``warmup_s`` (cold caches, the ramp) are left out of the metrics."""
+        self._workload = workload
+        self._warmup = warmup_s
+        self._next_session = concurrency
+        for slot in range(concurrency):
+            self._start(workload.session(slot, slot * ramp_s / concurrency), slot=slot)
+        return self._loop(horizon_s)
+
+    def run_scripts(self, scripts: Iterable[Script], horizon_s: float | None = None) -> RunMetrics:
+        """Play fixed scripts (a trace) until they are done or the horizon."""
+        for script in scripts:
+            self._start(script)
+        return self._loop(horizon_s)
+
+    def _loop(self, horizon_s: float | None) -> RunMetrics:
+        if self.policy.admission is not None:
+            self._push(self.policy.tick_s, _TICK, None)
+        end = float("inf") if horizon_s is None else horizon_s
+        while self._events and self._events[0][0] <= end:
+            self.clock.now, _, kind, obj = heapq.heappop(self._events)
+            if kind == _ARRIVE:
+                self._arrive(obj)  # type: ignore[arg-type]
+            elif kind == _STEP:
+                self._on_step(obj)  # type: ignore[arg-type]
+            elif self._events or self._live:
+                self._tick()
+        if horizon_s is not None:
+            self.clock.now = horizon_s
+        self.metrics.duration_s = self.now - self._warmup
+        self._censor()
+        return self.metrics
+
+    def _push(self, at: float, kind: int, obj: object) -> None:
+        self._seq += 1
+        heapq.heappush(self._events, (at, self._seq, kind, obj))
+
+    def _start(self, script: Script, *, computed: int = 0, parent: _Run | None = None,
+               slot: int | None = None) -> None:
+        self._live += 1
+        run = _Run(script, computed, parent, slot)
+        first = script.steps[0]
+        self._push(max(max(self.now, script.start_s) + first.delay_s, first.not_before_s),
+                   _ARRIVE, run)
+
+    def _arrive(self, run: _Run) -> None:
+        run.ready_s = self.now
+        admission = self.policy.admission
+        if admission is not None and admission.is_paused(run.script.key):
+            self.metrics.held_turns += self.now >= self._warmup
+            self._held.append(run)
+        else:
+            self._dispatch(run)
+
+    def _dispatch(self, run: _Run) -> None:
+        step = run.script.steps[run.index]
+        size = self.cluster.block_size
+        if step.hash_ids is not None:
+            blocks = chain_ids(step.hash_ids)[: step.prompt_tokens // size]
+            done: Sequence[int] = blocks
+        else:
+            assert run.script.stream is not None
+            done = run.script.stream.hashes(step.prompt_tokens + step.output_tokens)
+            blocks = done[: step.prompt_tokens // size]
+        key = run.script.key
+        request = SchedulingRequest(self.cluster.model, key, tuple(blocks), step.prompt_tokens)
+        address = self.policy.route(request, self._refresh_views())
+        admission = self.policy.admission
+        priority = 0.0
+        if admission is not None:
+            priority = admission.priority(key)
+            admission.turn_started(key, address, step.prompt_tokens)
+        sim_request = SimRequest(key, step.prompt_tokens, step.output_tokens, blocks, done,
+                                 run.ready_s, priority)
+        self._in_flight[sim_request] = (run, address)
+        worker = self._by_address[address]
+        worker.submit(sim_request, self.now)
+        if not worker.busy:
+            self._start_step(worker)
+
+    def _refresh_views(self) -> list[Worker]:
+        for view, worker in zip(self._views, self.workers, strict=True):
+            view.running = len(worker.running)
+            view.waiting = worker.waiting
+            view.in_flight = view.running + view.waiting
+            view.kv_usage = worker.kv_usage
+            view.scraped_at = self.now
+        return self._views
+
+    def _start_step(self, worker: EngineWorker) -> None:
+        duration = worker.start_step()
+        if duration is not None:
+            self._push(self.now + duration, _STEP, worker)
+
+    def _on_step(self, worker: EngineWorker) -> None:
+        first, done = worker.finish_step(self.now)
+        for request in first:
+            if request.ready_s >= self._warmup:
+                self.metrics.ttfts.append(self.now - request.ready_s)
+        for request in done:
+            self._turn_done(request)
+        self._start_step(worker)
+
+    def _turn_done(self, request: SimRequest) -> None:
+        run, address = self._in_flight.pop(request)
+        prompt, output = request.prompt_tokens, request.output_tokens
+        if self.now >= self._warmup:
+            reprefill = max(0, min(prompt, run.computed) - request.cached_tokens)
+            self.metrics.turn_done(prompt, request.cached_tokens, output, reprefill)
+        run.computed = prompt + output
+        if self.policy.admission is not None:
+            self.policy.admission.turn_finished(run.script.key, address, prompt, output)
+        run.index += 1
+        self._advance(run)
+
+    def _advance(self, run: _Run) -> None:
+        steps = run.script.steps
+        if run.index >= len(steps):
+            self._session_done(run)
+            return
+        step = steps[run.index]
+        if step.children and run.spawned < run.index:
+            run.spawned = run.index
+            inherited = run.computed // self.cluster.block_size * self.cluster.block_size
+            run.pending = len(step.children)
+            for child in step.children:
+                self._start(child, computed=inherited, parent=run)
+            return
+        self._push(max(self.now + step.delay_s, step.not_before_s), _ARRIVE, run)
+
+    def _session_done(self, run: _Run) -> None:
+        self._live -= 1
+        if self.policy.admission is not None:
+            self.policy.admission.release(run.script.key)
+        if run.parent is not None:
+            run.parent.pending -= 1
+            if run.parent.pending == 0:
+                self._advance(run.parent)
+        elif run.slot is not None and self._workload is not None:
+            self._next_session += 1
+            self._start(self._workload.session(self._next_session - 1, self.now), slot=run.slot)
+
+    def _tick(self) -> None:
+        admission = self.policy.admission
+        assert admission is not None
+        admission.tick(self._refresh_views())
+        self.metrics.max_paused = max(self.metrics.max_paused, admission.paused_count())
+        held, self._held = self._held, []
+        for run in held:
+            if admission.is_paused(run.script.key):
+                self._held.append(run)
+            else:
+                self._dispatch(run)
+        self._push(self.now + self.policy.tick_s, _TICK, None)
+
+    def _censor(self) -> None:
+        """Turns still waiting for a first token at the end count with their wait so far."""
+        waiting = [run.ready_s for run in self._held]
+        waiting += [r.ready_s for r in self._in_flight if r.first_token_s is None]
+        self.metrics.censored = len(waiting)
+        self.metrics.ttfts.extend(self.now - ready for ready in waiting)

@@ -1,0 +1,290 @@
+"""One simulated vLLM instance: admission, timing, and the continuity oracle's verdicts.
+
+Order of a request mirrors what routing can observe on a real server: fault injection (an
+overloaded or dying pod), body validation (the router's own parser, so both agree on what a
+request means), the model check, continuity, then a ``max_num_seqs`` slot, prefill delay
+for the uncached part of the prompt, and decode delay spread over the stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from ...apis.prompt import render_entries, render_prompt
+from ...apis.request import parse_request
+from ...errors import RoutingError
+from ...scheduling.tokenizer import Tokenizer
+from ...types import API_PATHS, Api, RequestSummary
+from .config import SimConfig
+from .formats import FORMATS
+from .kv_publisher import KVEventPublisher
+from .metrics import SimMetrics
+from .oracle import ContinuityOracle
+from .prefix_cache import PrefixCache, tokenize
+from .reply import Reply, build_reply
+
+_SECRET_HEADERS = frozenset({"authorization", "x-api-key", "proxy-authorization"})
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """The rendered prompt: text resumed from ``previous_response_id`` plus this request's."""
+
+    history: str
+    new: str
+    encode: Callable[[str], Sequence[str] | Sequence[int]]
+
+    @property
+    def text(self) -> str:
+        return self.history + self.new
+
+    @cached_property
+    def tokens(self) -> Sequence[str] | Sequence[int]:
+        return self.encode(self.text)
+
+
+class Simulator:
+    """State of one instance: cache, oracle, metrics, admission slots and fault plan."""
+
+    def __init__(self, cfg: SimConfig) -> None:
+        self.cfg = cfg
+        self.encode: Callable[[str], Sequence[str] | Sequence[int]] = (
+            Tokenizer(cfg.tokenizer).encode if cfg.tokenizer else tokenize
+        )
+        self.kv_events = (
+            KVEventPublisher(cfg.kv_events_endpoint, cfg.kv_events_topic, block_size=cfg.block_size)
+            if cfg.kv_events_endpoint
+            else None
+        )
+        self.cache = PrefixCache(
+            block_size=cfg.block_size, num_gpu_blocks=cfg.num_gpu_blocks, listener=self.kv_events
+        )
+        self.oracle = ContinuityOracle(cfg.instance_id)
+        self.metrics = SimMetrics(
+            model=cfg.model, block_size=cfg.block_size, num_gpu_blocks=cfg.num_gpu_blocks
+        )
+        self.fail_every = cfg.fail_every
+        self.fail_next = 0
+        self.requests = 0
+        self.last_request_headers: dict[str, str] = {}
+        self.running = 0
+        self.waiting = 0
+        self._kv_blocks = 0
+        self._slots = asyncio.Semaphore(cfg.max_num_seqs)
+
+    async def handle_api(self, request: web.Request) -> web.StreamResponse:
+        api = API_PATHS[request.path]
+        self.requests += 1
+        self.last_request_headers = _visible_headers(request)
+        if self._take_fault():
+            self.metrics.injected_errors.inc()
+            return openai_error(503, "injected fault", kind="service_unavailable", code=503)
+        try:
+            summary = parse_request(
+                api, await request.read(), max_body_bytes=self.cfg.max_body_bytes
+            )
+        except RoutingError as exc:
+            return web.Response(
+                body=exc.body(api.error_style), status=exc.status, headers=exc.headers()
+            )
+        if summary.model not in self.cfg.served_names:
+            message = f"The model `{summary.model}` does not exist."
+            return openai_error(404, message, kind="NotFoundError", code=404)
+        verdict = self.oracle.judge(summary)
+        for kind in verdict.violations:
+            self.metrics.violations.labels(kind).inc()
+        headers = {"x-sim-continuity-violations": str(len(verdict.violations))}
+        if verdict.unknown_previous_response:
+            message = f"Previous response with id '{summary.previous_response_id}' not found."
+            return openai_error(
+                400,
+                message,
+                kind="invalid_request_error",
+                param="previous_response_id",
+                code="previous_response_not_found",
+                headers=headers,
+            )
+        prompt = Prompt(
+            self.oracle.transcript(summary.previous_response_id),
+            render_prompt(summary),
+            self.encode,
+        )
+        if len(prompt.tokens) > self.cfg.max_model_len:
+            message = (
+                f"This model's maximum context length is {self.cfg.max_model_len} tokens. "
+                f"However, your request has {len(prompt.tokens)} input tokens."
+            )
+            return openai_error(400, message, kind="BadRequestError", code=400, headers=headers)
+        async with self._slot(len(prompt.tokens) + self.cfg.output_tokens):
+            return await self._answer(request, api, summary, prompt, headers)
+
+    async def _answer(
+        self,
+        request: web.Request,
+        api: Api,
+        summary: RequestSummary,
+        prompt: Prompt,
+        headers: dict[str, str],
+    ) -> web.StreamResponse:
+        fmt = FORMATS[api]
+        tokens = prompt.tokens
+        cached = self.cache.lookup_and_insert(tokens)
+        self.metrics.prefix_queries.inc(len(tokens))
+        self.metrics.prefix_hits.inc(cached)
+        self.metrics.prompt_tokens.inc(len(tokens))
+        reply = build_reply(
+            summary,
+            prompt=prompt.text,
+            cached_tokens=cached,
+            output_tokens=self.cfg.output_tokens,
+            style=fmt.ids,
+            reasoning=fmt.wants_reasoning(summary.body),
+            oracle=self.oracle,
+        )
+        headers["x-sim-cached-tokens"] = str(cached)
+        await self._sleep((len(tokens) - cached) / self.cfg.prefill_tokens_per_s)
+        decode_seconds = reply.output_tokens / self.cfg.decode_tokens_per_s
+        if summary.stream:
+            events = list(fmt.events(reply, summary))
+            response = web.StreamResponse(
+                headers={
+                    **headers,
+                    "content-type": "text/event-stream",
+                    "cache-control": "no-cache",
+                }
+            )
+            await response.prepare(request)
+            for event in events:
+                await response.write(event.encode())
+                await self._sleep(decode_seconds / len(events))
+            await response.write_eof()
+        else:
+            await self._sleep(decode_seconds)
+            response = web.Response(
+                body=orjson.dumps(fmt.document(reply, summary)),
+                content_type="application/json",
+                headers=headers,
+            )
+        self._finish(api, summary, prompt, reply)
+        return response
+
+    def _finish(self, api: Api, summary: RequestSummary, prompt: Prompt, reply: Reply) -> None:
+        """Remember the turn: output blocks join the cache (as vLLM's do) and Responses ids
+        become resumable."""
+        reply_text = render_entries(api, FORMATS[api].history(reply))
+        self.cache.lookup_and_insert(self.encode(prompt.text + reply_text))
+        if api is Api.RESPONSES:
+            turn_text = prompt.new + reply_text
+            self.oracle.record_response(reply.id, summary.previous_response_id, turn_text)
+        self.metrics.generation_tokens.inc(reply.output_tokens)
+        self.metrics.finished("length" if reply.truncated else "stop")
+
+    # -- admission, timing, faults ---------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _slot(self, tokens: int) -> AsyncIterator[None]:
+        """A ``max_num_seqs`` slot plus the KV blocks the request occupies while it runs."""
+        self.waiting += 1
+        self.metrics.waiting.set(self.waiting)
+        try:
+            await self._slots.acquire()
+        finally:
+            self.waiting -= 1
+            self.metrics.waiting.set(self.waiting)
+        blocks = -(-tokens // self.cfg.block_size)
+        self._set_running(1, blocks)
+        try:
+            yield
+        finally:
+            self._set_running(-1, -blocks)
+            self._slots.release()
+
+    def _set_running(self, requests: int, blocks: int) -> None:
+        self.running += requests
+        self._kv_blocks += blocks
+        self.metrics.running.set(self.running)
+        self.metrics.kv_cache_usage.set(min(self._kv_blocks / self.cfg.num_gpu_blocks, 1.0))
+
+    async def _sleep(self, seconds: float) -> None:
+        if seconds * self.cfg.time_scale > 0:
+            await asyncio.sleep(seconds * self.cfg.time_scale)
+
+    def _take_fault(self) -> bool:
+        if self.fail_next > 0:
+            self.fail_next -= 1
+            return True
+        return self.fail_every > 0 and self.requests % self.fail_every == 0
+
+    # -- operations ------------------------------------------------------------------------
+
+    def plan_faults(self, *, fail_next: int | None = None, fail_every: int | None = None) -> None:
+        """Fail the next ``fail_next`` API requests, and/or every ``fail_every``-th one."""
+        if fail_next is not None:
+            self.fail_next = fail_next
+        if fail_every is not None:
+            self.fail_every = fail_every
+
+    def reset(self) -> None:
+        """Forget issued ids, cache and fault plan; Prometheus counters stay monotonic."""
+        self.oracle.reset()
+        self.cache.clear()
+        self.requests = 0
+        self.last_request_headers = {}
+        self.fail_next = 0
+        self.fail_every = self.cfg.fail_every
+
+    def close(self) -> None:
+        """Release the KV-event socket when the app shuts down."""
+        if self.kv_events is not None:
+            self.kv_events.close()
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "instance": self.cfg.instance_id,
+            "model": self.cfg.model,
+            "served_names": list(self.cfg.served_names),
+            "requests": self.requests,
+            "last_request_headers": self.last_request_headers,
+            "running": self.running,
+            "waiting": self.waiting,
+            "violations": dict(self.oracle.violations),
+            "issued": self.oracle.issued_counts(),
+            "cache": {
+                "blocks": len(self.cache),
+                "capacity": self.cache.num_gpu_blocks,
+                "usage": self.cache.usage_fraction,
+            },
+            "faults": {"fail_next": self.fail_next, "fail_every": self.fail_every},
+        }
+
+
+def _visible_headers(request: web.Request) -> dict[str, str]:
+    """What the router forwarded upstream, for tests of header rewriting; secrets redacted."""
+    return {
+        name.lower(): "<redacted>" if name.lower() in _SECRET_HEADERS else value
+        for name, value in request.headers.items()
+    }
+
+
+def openai_error(
+    status: int,
+    message: str,
+    *,
+    kind: str,
+    param: str | None = None,
+    code: str | int | None = None,
+    headers: dict[str, str] | None = None,
+) -> web.Response:
+    """An error body in the OpenAI shape, which vLLM uses on every endpoint."""
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return web.Response(
+        body=orjson.dumps(body), status=status, content_type="application/json", headers=headers
+    )

@@ -1,0 +1,188 @@
+"""The worker side of routing: inside the model SAAR chose, which worker serves the request.
+
+``Pools`` wires the scheduling core together for the live router, the evaluation and the
+simulators alike: the worker registry (load signals), the prefix index (approximate, learnt from
+routing; or precise, from the servers' KV events), the scheduler (filters, weighted scorers,
+picker) and session-aware admission. A ``Prompt`` is one request's rendered prompt, hashed into
+blocks at most once per model and only when something asks.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ..apis.prompt import prompt_blocks, render_prompt
+from ..config import Config
+from ..errors import ModelUnavailable, RateLimited
+from ..types import Clock, RequestSummary
+from . import (
+    AdmissionController,
+    ApproximatePrefixIndex,
+    ScheduleResult,
+    SchedulingRequest,
+    Worker,
+    WorkerRegistry,
+    from_config,
+)
+from .kv_events import PreciseKVIndex
+
+if TYPE_CHECKING:
+    from .tokenizer import Tokenizer
+
+PRECISE_BLOCK_SIZE = 16
+"""vLLM's default KV block size, in tokens, for the precise index."""
+
+
+@dataclass(slots=True)
+class Prompt:
+    """One request's prompt: rendered lazily, hashed into blocks once per model."""
+
+    request: RequestSummary
+    _text: str | None = None
+    _blocks: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+    @property
+    def text(self) -> str:
+        if self._text is None:
+            self._text = render_prompt(self.request)
+        return self._text
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a request goes inside its model's pool: best worker first, then fallbacks."""
+
+    workers: tuple[str, ...]
+    result: ScheduleResult | None = None
+    blocks: tuple[int, ...] = ()
+
+    @property
+    def worker(self) -> str | None:
+        return self.workers[0] if self.workers else None
+
+
+class Pools:
+    def __init__(self, config: Config, *, clock: Clock, rng: random.Random | None = None) -> None:
+        scheduling = config.scheduling
+        self.enabled = scheduling.enabled
+        self.registry = WorkerRegistry(
+            config.models, clock=clock, staleness_seconds=scheduling.staleness_seconds
+        )
+        prefix = scheduling.prefix
+        self.tokenizer: Tokenizer | None = None
+        self.index: ApproximatePrefixIndex | PreciseKVIndex
+        if prefix.mode == "precise":
+            assert prefix.tokenizer is not None  # config validation guarantees it
+            from .tokenizer import Tokenizer  # the tokenizers library only when precise
+
+            self.tokenizer = Tokenizer(prefix.tokenizer)
+            self.index = PreciseKVIndex(block_size=PRECISE_BLOCK_SIZE)
+            self.tokens_per_block = PRECISE_BLOCK_SIZE
+        else:
+            self.index = ApproximatePrefixIndex.from_config(prefix)
+            self.tokens_per_block = max(1, prefix.chars_per_block // 4)
+        self._chars_per_block = prefix.chars_per_block
+        self.admission = AdmissionController(scheduling.admission, clock=clock)
+        self.scheduler = from_config(
+            scheduling, index=self.index, rng=rng or random.Random(),
+            max_sessions=config.memory.max_sessions, prefer=self.admission.preferred_worker,
+        )
+        self._models = tuple(config.models)
+
+    def blocks(self, prompt: Prompt, model: str) -> tuple[int, ...]:
+        found = prompt._blocks.get(model)
+        if found is None:
+            if self.tokenizer is not None:
+                assert isinstance(self.index, PreciseKVIndex)
+                found = self.index.hash_tokens(self.tokenizer.encode(prompt.text))
+            else:
+                found = prompt_blocks(model, prompt.text, self._chars_per_block)
+            prompt._blocks[model] = found
+        return found
+
+    def cached_tokens(self, prompt: Prompt, model: str) -> int | None:
+        """Tokens of this prompt already cached on ``model``'s best worker (None: no pool
+        to measure, e.g. scheduling off or a model with a single unscored worker)."""
+        pool = self._scored_pool(model)
+        if not pool:
+            return None
+        blocks = self.blocks(prompt, model)
+        best = max(self.index.matched_blocks(w.address, blocks) for w in pool)
+        return best * self.tokens_per_block
+
+    def place(
+        self,
+        prompt: Prompt,
+        model: str,
+        session_key: str | None,
+        subset: frozenset[str] | None = None,
+    ) -> Placement:
+        """Score ``model``'s workers; 503 when none is eligible, 429 when all are overloaded.
+        A single-worker pool with no subset hint is left to Envoy: nothing to choose."""
+        pool = self.registry.pool(model)
+        if not self.enabled or (len(pool) <= 1 and subset is None):
+            return Placement(())
+        request = SchedulingRequest(
+            model, session_key, self.blocks(prompt, model), prompt.request.context_tokens, subset
+        )
+        result = self.scheduler.schedule(request, pool)
+        if result.shed:
+            raise RateLimited(
+                f"every worker of {model} is overloaded; retry shortly", retry_after=1
+            )
+        if not result.ordered:
+            raise ModelUnavailable(
+                f"no eligible worker of {model}"
+                + (" in the proxy's subset hint" if subset is not None else ""),
+                retry_after=1,
+            )
+        return Placement(result.ordered, result, request.prompt_blocks)
+
+    def started(self, placement: Placement, session_key: str | None, tokens: int) -> None:
+        if placement.worker is None:
+            return
+        self.registry.started(placement.worker)
+        self.admission.turn_started(session_key, placement.worker, tokens)
+
+    def served(self, placement: Placement, address: str) -> None:
+        """Envoy served the request from ``address``: when that is not the pick (a fallback, or
+        the pick was gone), the prefix index learns where the prompt really went."""
+        if placement.worker is not None and address != placement.worker:
+            self.index.routed(address, placement.blocks)
+
+    def finished(
+        self,
+        placement: Placement,
+        session_key: str | None,
+        prompt_tokens: int,
+        completion_tokens: int,
+    ) -> None:
+        """The response ended: a tool boundary for admission, one fewer in flight."""
+        if placement.worker is None:
+            return
+        self.registry.finished(placement.worker)
+        self.admission.turn_finished(
+            session_key, placement.worker, prompt_tokens, completion_tokens
+        )
+
+    def scrape_targets(self) -> dict[str, str]:
+        """address → metrics URL of the workers whose load matters: those scored (pools of more
+        than one) and, with admission on, every worker (admission needs its KV capacity)."""
+        if not self.enabled:
+            return {}
+        everyone = self.admission.config.enabled
+        return {
+            w.address: w.metrics_url or ""
+            for model in self._models
+            for w in (self.registry.pool(model) if everyone else self._scored_pool(model))
+        }
+
+    def all_workers(self) -> list[Worker]:
+        return [w for model in self._models for w in self.registry.pool(model)]
+
+    def _scored_pool(self, model: str) -> Sequence[Worker]:
+        pool = self.registry.pool(model)
+        return pool if self.enabled and len(pool) > 1 else ()

@@ -1,0 +1,132 @@
+"""The service's background work, each loop a named task that is kept and stopped on shutdown:
+scraping workers' ``/metrics``, ticking session-aware admission, reloading the workers file, and
+(precise prefix mode) subscribing to the workers' KV events. All I/O is async; the core objects
+they feed stay synchronous."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import aiohttp
+
+from ..core.router import Router
+from ..scheduling.kv_events import PreciseKVIndex
+from ..scheduling.prefix_index import ApproximatePrefixIndex
+from .kv_subscriber import KVEventSubscriber
+
+log = logging.getLogger(__name__)
+
+WATCH_SECONDS = 1.0
+
+
+class Background:
+    def __init__(self, router: Router) -> None:
+        self._router = router
+        self._tasks: list[asyncio.Task[None]] = []
+        self._subscribers: dict[str, KVEventSubscriber] = {}
+        self._session: aiohttp.ClientSession | None = None
+        self._mtime: float | None = None
+
+    def start(self) -> None:
+        scheduling = self._router.config.scheduling
+        if not scheduling.enabled:
+            return
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=max(0.5, scheduling.staleness_seconds))
+        )
+        self._spawn("scrape-workers", self._scrape, scheduling.scrape_interval_seconds)
+        if scheduling.admission.enabled:
+            self._spawn("admission-tick", self._tick, scheduling.admission.tick_seconds)
+        if scheduling.workers_file:
+            self._spawn("watch-workers-file", self._watch, WATCH_SECONDS)
+        self._subscribe()
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for subscriber in self._subscribers.values():
+            await subscriber.stop()
+        if self._session is not None:
+            await self._session.close()
+
+    def _spawn(self, name: str, step: Callable[[], Awaitable[None]], every: float) -> None:
+        async def loop() -> None:
+            while True:
+                try:
+                    await step()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("background task %s failed; retrying", name)
+                await asyncio.sleep(every)
+
+        self._tasks.append(asyncio.create_task(loop(), name=name))
+
+    async def _scrape(self) -> None:
+        targets = self._router.pools.scrape_targets()
+        await asyncio.gather(*(self._scrape_one(a, url) for a, url in targets.items() if url))
+
+    async def _scrape_one(self, address: str, url: str) -> None:
+        assert self._session is not None
+        pools, metrics = self._router.pools, self._router.metrics
+        try:
+            async with self._session.get(url) as response:
+                text = await response.text()
+        except (TimeoutError, aiohttp.ClientError):
+            # An unreachable server is left out of the pick (Envoy's fallback still covers it).
+            metrics.scrape_failures.labels(address).inc()
+            pools.registry.set_healthy(address, False)
+            return
+        pools.registry.set_healthy(address, True)
+        if pools.registry.apply_scrape(address, text, self._router.clock()):
+            index = pools.index
+            if isinstance(index, ApproximatePrefixIndex):
+                for worker in pools.all_workers():
+                    if worker.address == address:
+                        index.resize(worker)
+
+    async def _tick(self) -> None:
+        pools, metrics = self._router.pools, self._router.metrics
+        workers = pools.all_workers()
+        pools.admission.tick(workers)
+        metrics.paused_sessions.set(pools.admission.paused_count())
+        for worker in workers:
+            metrics.worker_utilization.labels(worker.address).set(
+                pools.admission.utilization(worker.address)
+            )
+
+    async def _watch(self) -> None:
+        path = Path(self._router.config.scheduling.workers_file or "")
+        try:
+            mtime = path.stat().st_mtime
+        except OSError:
+            return
+        if mtime == self._mtime:
+            return
+        self._mtime = mtime
+        removed = self._router.pools.registry.reload_file(path)
+        for address in removed:
+            self._router.pools.index.forget(address)
+            subscriber = self._subscribers.pop(address, None)
+            if subscriber is not None:
+                await subscriber.stop()
+        self._subscribe()
+        log.info("workers file %s reloaded; %d workers left the pools", path, len(removed))
+
+    def _subscribe(self) -> None:
+        """Precise prefix mode: follow the KV events of every worker that publishes them."""
+        index = self._router.pools.index
+        if not isinstance(index, PreciseKVIndex):
+            return
+        for worker in self._router.pools.all_workers():
+            if worker.kv_events and worker.address not in self._subscribers:
+                subscriber = KVEventSubscriber(index, worker.address, worker.kv_events)
+                subscriber.start()
+                self._subscribers[worker.address] = subscriber

@@ -1,0 +1,299 @@
+"""The SAAR engine through the sans-IO router: requests in, decisions and memory out."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import orjson
+import pytest
+
+from extproc.config import Config
+from extproc.core.router import Router
+from extproc.errors import ModelUnavailable, UnknownModel
+from extproc.types import Api, ResponseSummary, Usage
+
+CHEAP, STRONG = "qwen3-8b", "qwen3-32b"
+HARD = "Please refactor the storage layer"
+
+
+def chat(text: str | None = None, results: tuple[str, ...] = (), context_chars: int = 0,
+         tool_output: str = "ok") -> bytes:
+    messages = [{"role": "system", "content": "x" * context_chars}] if context_chars else []
+    if text is not None:
+        messages.append({"role": "user", "content": text})
+    if results:
+        messages.append({"role": "assistant", "tool_calls": [{"id": r} for r in results]})
+        messages += [{"role": "tool", "tool_call_id": r, "content": tool_output}
+                     for r in results]
+    return orjson.dumps({"model": "auto", "messages": messages})
+
+
+class Driver:
+    """Plays the upstream: every routed request is answered like the gRPC adapter reports it."""
+
+    def __init__(self, config: Config, clock) -> None:
+        self.router = Router(config, clock=clock)
+        self.clock = clock
+
+    def send(self, body: bytes, session: str | None = "s1", status: int = 200,
+             api: Api = Api.CHAT, **response):
+        headers = {"authorization": "Bearer k"}
+        if session:
+            headers["x-session-id"] = session
+        routed = self.router.route(api, headers, body)
+        self.router.response_started(routed.replay_id, status)
+        self.router.response_finished(
+            routed.replay_id, ResponseSummary(status=status, model=routed.model, **response))
+        self.clock.advance(5)
+        return routed
+
+    def record(self, routed):
+        return self.router.replay.get(routed.replay_id)
+
+
+def session_key(driver: Driver, routed) -> str:
+    session = driver.record(routed)["session"]
+    return f"{session['tenant']}/{session['id']}"
+
+
+@pytest.fixture
+def driver(session_config, clock) -> Driver:
+    return Driver(session_config, clock)
+
+
+def test_new_session_follows_base_choice(driver):
+    routed = driver.send(chat(HARD))
+    assert routed.model == STRONG
+    assert routed.diagnostics["x-saar-action"] == "new"
+    assert routed.diagnostics["x-saar-decision"] == "hard_engineering"
+    assert orjson.loads(routed.body)["model"] == STRONG
+    assert routed.cluster == STRONG
+
+
+def test_tool_loop_lock_beats_a_cheaper_base_choice(driver):
+    driver.send(chat(HARD), tool_call_ids=["call_1"])
+    # The tool output reads as a new, cheap task; its result still belongs to STRONG.
+    routed = driver.send(chat(results=("call_1",), tool_output="summarise: 3 files changed"))
+    rec = driver.record(routed)
+    assert routed.model == STRONG
+    assert (rec["action"], rec["lock"], rec["phase"]) == ("locked_keep", "tool_loop", "tool_loop")
+    assert rec["base"]["model"] == CHEAP
+
+
+def test_tool_loop_lock_holds_without_a_session_id(driver):
+    driver.send(chat(HARD), session=None, tool_call_ids=["call_x"])
+    routed = driver.send(chat("ok", results=("call_x",)), session=None)
+    assert routed.model == STRONG
+    assert driver.record(routed)["reason"] == "tool_loop_lock"
+
+
+def test_tool_loop_lock_holds_after_memory_loss(driver):
+    first = driver.send(chat(HARD), tool_call_ids=["call_y"])
+    driver.router.memory.forget(session_key(driver, first))
+    assert len(driver.router.memory) == 0
+    routed = driver.send(chat("ok", results=("call_y",)))
+    assert routed.model == STRONG
+
+
+def test_provider_state_lock_on_previous_response_id(driver):
+    body = orjson.dumps({"model": "auto", "input": HARD})
+    driver.send(body, api=Api.RESPONSES, response_id="resp_1")
+    follow = orjson.dumps({"model": "auto", "input": "go on", "previous_response_id": "resp_1"})
+    routed = driver.send(follow, api=Api.RESPONSES, session="another-session")
+    assert routed.model == STRONG
+    assert driver.record(routed)["lock"] == "provider_state"
+
+
+def test_failed_upstream_is_not_committed(driver):
+    driver.send(chat(HARD))
+    driver.clock.advance(400)  # idle: the next turn may reselect
+    failed = driver.send(chat("summarise the day"), status=503)
+    assert failed.model == CHEAP
+    state = driver.router.memory.session(session_key(driver, failed))
+    assert state.model == STRONG
+    assert state.switches == 0
+
+
+def test_locked_model_down_answers_503_then_resumes(driver, clock):
+    driver.send(chat(HARD), tool_call_ids=["call_z"])
+    for _ in range(3):  # three 5xx take the model out for the cooldown
+        driver.router.health.record(STRONG, 503)
+    with pytest.raises(ModelUnavailable) as info:
+        driver.router.route(Api.CHAT, {"x-session-id": "s1", "authorization": "Bearer k"},
+                            chat("ok", results=("call_z",)))
+    assert info.value.status == 503 and info.value.retry_after >= 1
+    assert "locked to qwen3-32b" in info.value.message
+    clock.advance(10)
+    assert driver.send(chat("ok", results=("call_z",))).model == STRONG
+
+
+def test_unlocked_session_fails_over(driver):
+    driver.send(chat(HARD))
+    for _ in range(3):
+        driver.router.health.record(STRONG, 503)
+    routed = driver.send(chat("and now?"))
+    assert routed.model == CHEAP
+    assert driver.record(routed)["reason"] == "failover"
+
+
+def test_idle_reset_reopens_selection(driver):
+    driver.send(chat(HARD, context_chars=400_000))
+    driver.clock.advance(301)
+    # Warm and long, yet after the idle boundary the base choice is taken without pricing.
+    routed = driver.send(chat("continue", context_chars=400_000))
+    rec = driver.record(routed)
+    assert (rec["reset"], rec["phase"], routed.model) == ("idle", "idle_reset", CHEAP)
+    assert rec["base"]["decision"] == "long_context"
+
+
+def test_unsignalled_follow_up_is_not_drift(driver):
+    driver.send(chat(HARD))
+    routed = driver.send(chat("continue"))
+    rec = driver.record(routed)
+    assert rec["reset"] is None
+    assert rec["decision"] == rec["base"]["decision"] == "hard_engineering"
+    assert rec["base"]["matched"] is False
+
+
+def test_drift_reset_on_a_new_matched_decision(driver):
+    driver.send(chat(HARD))
+    routed = driver.send(chat("summarise what we did"))
+    rec = driver.record(routed)
+    assert (rec["reset"], rec["action"], routed.model) == ("drift", "switch", CHEAP)
+
+
+@pytest.mark.parametrize(
+    ("warm_chars", "turns", "expected"),
+    [
+        (4_000, 1, CHEAP),     # young session with little cached: the switch is cheap, taken
+        (400_000, 6, STRONG),  # long warm session on the strong model: too dear to leave
+    ],
+)
+def test_switch_pricing_is_asymmetric(driver, warm_chars, turns, expected):
+    for _ in range(turns):
+        driver.send(chat(HARD, context_chars=warm_chars))
+    # Past 24k tokens the request matches long_context (cheap tier): a shape change, no drift.
+    routed = driver.send(chat("continue", context_chars=400_000))
+    rec = driver.record(routed)
+    assert (rec["reset"], rec["base"]["decision"]) == (None, "long_context")
+    assert routed.model == expected, rec["candidates"]
+    cheap = next(c for c in rec["candidates"] if c["model"] == CHEAP)
+    assert cheap["transition_usd"] > 0
+
+
+def test_switch_pricing_off_switches_the_warm_session(session_config, clock):
+    config = session_config
+    decisions = tuple(
+        replace(d, algorithm=replace(d.algorithm, session_aware=replace(
+            d.algorithm.session_aware, switch_pricing=False)))
+        for d in config.routing.decisions
+    )
+    driver = Driver(replace(config, routing=replace(config.routing, decisions=decisions)), clock)
+    for _ in range(6):
+        driver.send(chat(HARD, context_chars=400_000))
+    assert driver.send(chat("continue", context_chars=400_000)).model == CHEAP
+
+
+def test_physical_model_passes_through(driver):
+    body = orjson.dumps({"model": CHEAP, "messages": [{"role": "user", "content": HARD}]})
+    routed = driver.send(body)
+    assert (routed.model, routed.body) == (CHEAP, None)
+    assert driver.record(routed)["reason"] == "physical_model"
+
+
+def test_unknown_model_is_404(driver):
+    body = orjson.dumps({"model": "gpt-17", "messages": [{"role": "user", "content": "x"}]})
+    with pytest.raises(UnknownModel) as info:
+        driver.send(body)
+    assert info.value.status == 404
+
+
+def test_replay_record_has_outcome_and_cache_evidence(driver):
+    routed = driver.send(chat(HARD), usage=Usage(100, 10, 60), finish_reason="stop")
+    rec = driver.record(routed)
+    assert rec["outcome"]["usage"] == {"prompt_tokens": 100, "completion_tokens": 10,
+                                       "cached_tokens": 60}
+    assert rec["outcome"]["finish_reason"] == "stop"
+    assert "storage" not in orjson.dumps(rec).decode()  # content-free
+    assert driver.router.replay.for_session("s1")[0]["replay_id"] == routed.replay_id
+
+
+def test_session_final_releases_memory(driver):
+    headers = {"x-session-id": "fin", "x-dynamo-session-final": "true"}
+    routed = driver.router.route(Api.CHAT, headers, chat(HARD))
+    driver.router.response_started(routed.replay_id, 200)
+    assert len(driver.router.memory) == 1
+    driver.router.response_finished(routed.replay_id, ResponseSummary(status=200))
+    assert len(driver.router.memory) == 0
+
+
+def test_processor_writes_its_traffic_as_a_mooncake_trace(session_config, clock, tmp_path):
+    from extproc.dev.clustersim.trace import read_trace
+
+    path = tmp_path / "trace.jsonl"
+    config = replace(session_config,
+                     replay=replace(session_config.replay, mooncake_trace_path=str(path)))
+    driver = Driver(config, clock)
+    driver.send(chat(HARD, context_chars=8_000), usage=Usage(2_000, 40, 0))
+    driver.send(chat(HARD, context_chars=8_000, results=("c",)), usage=Usage(2_050, 10, 1_990))
+    driver.router.close()
+    first, second = read_trace(path)
+    assert first.session_id == second.session_id and "s1" not in first.session_id
+    assert (first.input_length, first.output_length) == (2_000, 40)
+    # The second turn resends the first one's prompt: its leading block ids are the same.
+    assert second.hash_ids[: len(first.hash_ids) - 1] == first.hash_ids[:-1]
+    assert second.delay_ms == pytest.approx(5_000)
+    assert "storage" not in path.read_text()
+
+
+def test_an_answer_that_never_comes_expires(driver, clock):
+    headers = {"x-session-id": "lost", "authorization": "Bearer k"}
+    lost = driver.router.route(Api.CHAT, headers, chat(HARD))
+    clock.advance(1000)  # longer than any answer takes: the stream was abandoned
+    driver.send(chat(HARD), session="other")
+    driver.router.response_started(lost.replay_id, 200)
+    assert driver.router.api_of(lost.replay_id) is None
+    assert driver.router.memory.session(session_key(driver, lost)) is None
+
+
+def test_replay_records_chain_and_show_the_memory_they_saw(driver):
+    first = driver.send(chat(HARD), usage=Usage(1000, 10, 0))
+    second = driver.send(chat("continue"), usage=Usage(1020, 10, 1000))
+    memory = driver.record(second)["memory"]
+    assert driver.record(first)["memory"] is None
+    assert memory["previous_replay_id"] == first.replay_id
+    assert (memory["turns"], memory["model"], memory["idle_s"]) == (1, STRONG, 5.0)
+    assert memory["reported_prompt_tokens"] == 1000
+
+
+def test_switch_pricing_uses_the_measured_prefix_on_the_candidates_workers(session_config, clock):
+    def priced(config) -> dict:
+        driver = Driver(config, clock)
+        on_cheap = orjson.loads(chat(HARD, context_chars=400_000))
+        on_cheap["model"] = CHEAP
+        driver.send(orjson.dumps(on_cheap), session="other")  # a cheap worker now holds it
+        driver.send(chat(HARD, context_chars=400_000))
+        rec = driver.record(driver.send(chat("continue", context_chars=400_000)))
+        cheap = next(c for c in rec["candidates"] if c["model"] == CHEAP)
+        return {"transition": cheap["transition_usd"], "ctx": rec["request"]["context_tokens"]}
+
+    pools = {name: replace(model, endpoints=(f"10.0.{i}.1:80", f"10.0.{i}.2:80"))
+             for i, (name, model) in enumerate(session_config.models.items())}
+    measured = priced(replace(session_config, models=pools))
+    estimated = priced(replace(session_config, scheduling=replace(
+        session_config.scheduling, enabled=False)))
+    # The cheap model's worker already holds the prompt: its re-prefill term is gone.
+    reprefill = estimated["ctx"] * (0.20 - 0.02) / 1e6
+    assert estimated["transition"] - measured["transition"] == pytest.approx(reprefill, rel=0.05)
+
+
+def test_a_session_that_outgrows_its_models_window_moves(session_config, clock):
+    small = replace(session_config.models[CHEAP], context_window=8_000)
+    driver = Driver(replace(session_config, models={**session_config.models, CHEAP: small}),
+                    clock)
+    assert driver.send(chat("summarise the day")).model == CHEAP
+    # 12k tokens of context: the cheap model's 8k window no longer fits, whatever the price.
+    routed = driver.send(chat("summarise it again", context_chars=48_000))
+    rec = driver.record(routed)
+    assert (routed.model, rec["reason"]) == (STRONG, "context_window")
+    assert rec["base"]["scores"].keys() == {STRONG}

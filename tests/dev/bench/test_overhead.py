@@ -1,0 +1,73 @@
+"""Smoke tests of ``saar bench overhead``: the machinery runs end to end, tiny and fast."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from extproc.adapter.bootstrap import EnvoyPorts, bootstrap
+from extproc.cli import main
+from extproc.config import parse_config
+from extproc.dev.bench.bodies import SIZES, body
+from extproc.dev.bench.load import Load, run_load
+from extproc.dev.bench.overhead import DEFAULT_CONFIG, HEADERS
+from extproc.dev.bench.upstream import canned_upstream
+from extproc.dev.bench.variants import TRANSFORMS, pointed_at
+
+pytestmark = pytest.mark.e2e
+RESULT_KEYS = {"variant", "body", "concurrency", "p50_ms", "p99_ms", "rps", "requests", "non_200"}
+
+
+def test_bodies_have_exact_sizes() -> None:
+    for name, size in SIZES.items():
+        for model in ("auto", "qwen3-8b"):
+            raw = body(name, model)
+            assert len(raw) == size
+            assert json.loads(raw)["model"] == model
+
+
+def test_variants_differ_only_in_filters_and_upstream() -> None:
+    config = parse_config(yaml.safe_load(DEFAULT_CONFIG.read_text()))
+
+    def names(variant: str) -> list[str]:
+        doc = pointed_at("127.0.0.1:1", TRANSFORMS[variant])(bootstrap(config, EnvoyPorts()))
+        hcm = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+        for cluster in doc["static_resources"]["clusters"][2:]:  # after both processor ones
+            endpoint = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
+            assert endpoint["address"]["socket_address"]["port_value"] == 1
+        return [f["name"] for f in hcm["typed_config"]["http_filters"]]
+
+    assert names("envoy") == ["envoy.filters.http.router"]
+    assert names("passthrough") == ["passthrough", "envoy.filters.http.router"]
+    assert names("saar") == ["saar", "saar-observe", "envoy.filters.http.router"]
+
+
+def test_overhead_json_all_variants_200(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["bench", "overhead", "--json", "--client", "python", "--warmup", "0.05",
+            "--duration", "0.15"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["client"] == "python"
+    results = report["results"]
+    cells = {(r["variant"], r["body"], r["concurrency"]) for r in results}
+    assert cells == {(v, b, c) for v in ("envoy", "passthrough", "saar")
+                     for b in ("2kb", "64kb") for c in (1, 16)}
+    for result in results:
+        assert set(result) == RESULT_KEYS
+        assert result["requests"] > 0 and result["non_200"] == 0, result
+        assert result["p99_ms"] >= result["p50_ms"] > 0 and result["rps"] > 0
+
+
+@pytest.mark.skipif(not shutil.which("wrk"), reason="wrk not installed")
+def test_wrk_client_against_the_canned_upstream() -> None:
+    with tempfile.TemporaryDirectory() as tmp, canned_upstream(Path(tmp)) as address:
+        load = Load(f"http://{address}/v1/chat/completions", body("2kb", "qwen3-8b"), HEADERS,
+                    concurrency=2, warmup_s=0, duration_s=1)
+        result = run_load(load, "wrk")
+    assert result.requests > 0 and result.non_200 == 0
+    assert result.p99_ms >= result.p50_ms > 0

@@ -1,0 +1,135 @@
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from extproc.cli import main
+from extproc.dev.clustersim.blocks import Stream
+from extproc.dev.clustersim.engine import CostModel, EngineWorker, SimRequest, WorkerSpec
+from extproc.dev.clustersim.runner import Experiment, run_matrix, to_json
+from extproc.dev.clustersim.simulation import ClusterSpec
+from extproc.dev.clustersim.trace import read_trace, scripts_from_trace
+from extproc.dev.clustersim.workload import AgenticWorkload
+from extproc.observability.trace import MooncakeTraceWriter
+
+SMALL = Experiment(
+    cluster=ClusterSpec(workers=2, worker=WorkerSpec(capacity_tokens=256_000)),
+    concurrencies=(8,),
+    horizon_s=300.0,
+    warmup_s=0.0,
+)
+
+
+def test_kv_aware_reuses_prefixes_that_round_robin_scatters() -> None:
+    """Four small workers: the sessions fit once, not once per worker."""
+    cluster = ClusterSpec(workers=4, worker=WorkerSpec(capacity_tokens=128_000))
+    results = run_matrix(replace(SMALL, cluster=cluster, policies=("round_robin", "kv_aware")))
+    kv = results["kv_aware"]["8"].summary()
+    rr = results["round_robin"]["8"].summary()
+    assert kv["prefix_hit_rate"] > rr["prefix_hit_rate"] + 0.1
+    assert kv["reprefill_tokens"] < rr["reprefill_tokens"]
+
+
+def test_runs_are_deterministic() -> None:
+    experiment = replace(SMALL, policies=("kv_aware_admission",), horizon_s=120.0)
+    assert to_json(run_matrix(experiment)) == to_json(run_matrix(experiment))
+
+
+def test_admission_holds_only_at_tool_boundaries() -> None:
+    """Oversubscribed: admission pauses sessions, yet no turn already sent is held or lost."""
+    experiment = replace(SMALL, cluster=replace(SMALL.cluster,
+                                                worker=WorkerSpec(capacity_tokens=96_000)))
+    sim = experiment.simulation("kv_aware_admission")
+    dispatched: list[str] = []
+    violations: list[str] = []
+    dispatch, tick = sim._dispatch, sim._tick
+
+    def checked_dispatch(run):  # type: ignore[no-untyped-def]
+        dispatched.append(run.script.key)
+        dispatch(run)
+
+    def checked_tick() -> None:
+        tick()
+        in_flight = {run.script.key for run, _ in sim._in_flight.values()}
+        violations.extend(in_flight & {run.script.key for run in sim._held})
+
+    sim._dispatch, sim._tick = checked_dispatch, checked_tick  # type: ignore[method-assign]
+    metrics = sim.run_closed(experiment.workload, 8, experiment.horizon_s)
+    assert metrics.max_paused > 0 and metrics.held_turns > 0
+    assert not violations
+    assert len(dispatched) == metrics.turns + len(sim._in_flight)
+
+
+def test_trace_round_trip_and_replay(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "trace.jsonl"
+    shared = [2**60 + i for i in range(4)]
+    with path.open("w") as out:
+        writer = MooncakeTraceWriter(lambda row: out.write(json.dumps(row) + "\n"))
+        for turn in range(3):
+            for session in ("a", "b"):
+                blocks = [*shared, hash((session, turn)) & (2**63 - 1)]
+                writer.write(session_id=session, timestamp_ms=1000.0 * turn,
+                             input_length=5 * 64, output_length=20, block_hashes=blocks,
+                             delay_ms=500.0 if turn else None)
+    rows = read_trace(path)
+    assert len(rows) == 6
+    assert all(r.hash_ids[:4] == (0, 1, 2, 3) for r in rows)
+    assert max(max(r.hash_ids) for r in rows) == 9
+    assert rows[1].session_id == "b" and rows[2].delay_ms == 500.0
+
+    experiment = replace(SMALL, cluster=replace(SMALL.cluster, block_size=64),
+                         policies=("kv_aware",))
+    metrics = experiment.simulation("kv_aware").run_scripts(scripts_from_trace(rows))
+    assert metrics.turns == 6
+    assert metrics.cached_tokens > 0
+
+
+def test_bad_trace_row_names_its_line(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": []}\n'
+                    '{"timestamp": 1}\n')
+    with pytest.raises(ValueError, match=":2:"):
+        read_trace(path)
+
+
+def test_sub_agents_share_the_parent_prefix() -> None:
+    parent = Stream(1, 16)
+    child = Stream(2, 16, parent, inherit_blocks=3)
+    assert child.hashes(80)[:3] == parent.hashes(80)[:3]
+    assert child.hashes(80)[3] != parent.hashes(80)[3]
+    workload = AgenticWorkload(subagent_probability=1.0)
+    script = workload.session(0)
+    assert any(step.children for step in script.steps)
+
+
+def test_prefill_time_follows_uncached_tokens() -> None:
+    worker = EngineWorker("w", WorkerSpec(), CostModel(), block_size=64)
+    blocks = Stream(1, 64).hashes(64_000)
+
+    def time_to_first_token() -> float:
+        worker.submit(SimRequest("s", 64_000, 1, blocks, blocks, 0.0), 0.0)
+        elapsed = 0.0
+        while True:
+            duration = worker.start_step()
+            assert duration is not None
+            elapsed += duration
+            first, _ = worker.finish_step(elapsed)
+            if first:
+                worker.finish_step(elapsed)
+                return elapsed
+
+    cold, warm = time_to_first_token(), time_to_first_token()
+    assert cold > 10 * warm
+
+
+def test_cli_json_shape(capsys) -> None:  # type: ignore[no-untyped-def]
+    code = main(["simulate", "--json", "--concurrency", "2,4", "--workers", "2",
+                 "--horizon", "60", "--warmup", "0", "--policies", "round_robin,kv_aware"])
+    assert code == 0
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(last["policies"]) == {"round_robin", "kv_aware"}
+    assert set(last["policies"]["kv_aware"]) == {"2", "4"}
+    assert set(last["policies"]["kv_aware"]["4"]) == {
+        "prefix_hit_rate", "throughput_tok_s", "ttft_p50_s", "ttft_p99_s", "reprefill_tokens"}

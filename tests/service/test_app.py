@@ -1,0 +1,102 @@
+"""The running service in process: gRPC health, the Replay service and the HTTP port."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import grpc
+import httpx
+import orjson
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from extproc._proto import replay_pb2, replay_pb2_grpc
+from extproc.service.app import HEALTH_SERVICES, start
+from extproc.types import Api
+
+
+@pytest.fixture
+async def service(config):
+    running = await start(replace(config, server=replace(config.server, grpc_port=0,
+                                                         http_port=0)))
+    yield running
+    await running.stop()
+
+
+async def test_grpc_health_serves_every_service_envoy_and_kubernetes_ask(service):
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{service.grpc_port}") as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        for name in HEALTH_SERVICES:
+            reply = await stub.Check(health_pb2.HealthCheckRequest(service=name))
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        assert "envoy.service.ext_proc.v3.ExternalProcessor" in HEALTH_SERVICES
+
+
+async def test_replay_over_grpc_and_http(service):
+    body = orjson.dumps({"model": "auto", "messages": [{"role": "user", "content": "refactor"}]})
+    routed = service.router.route(Api.CHAT, {"x-session-id": "s-app"}, body)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{service.grpc_port}") as channel:
+        stub = replay_pb2_grpc.ReplayStub(channel)
+        record = await stub.GetRecord(replay_pb2.GetRecordRequest(replay_id=routed.replay_id))
+        assert record["model"] == routed.model
+        listed = await stub.ListSession(replay_pb2.ListSessionRequest(session_id="s-app"))
+        assert [r["replay_id"] for r in listed.records] == [routed.replay_id]
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.GetRecord(replay_pb2.GetRecordRequest(replay_id="nope"))
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{service.http_port}") as http:
+        assert (await http.get("/healthz")).json() == {"status": "ok"}
+        assert (await http.get(f"/v1/replay/{routed.replay_id}")).json()["model"] == routed.model
+        assert (await http.get("/v1/replay/nope")).status_code == 404
+        assert (await http.get("/v1/replay")).status_code == 400
+        assert "saar_decisions_total" in (await http.get("/metrics")).text
+
+
+async def test_workers_file_is_reloaded_without_a_restart(config, tmp_path):
+    import asyncio
+
+    workers = tmp_path / "workers.yaml"
+    workers.write_text("qwen3-8b: [10.0.0.7:8000]\n")
+    scheduling = replace(config.scheduling, workers_file=str(workers))
+    running = await start(replace(config, scheduling=scheduling, server=replace(
+        config.server, grpc_port=0, http_port=0)))
+    try:
+        def pool() -> set[str]:
+            return {w.address for w in running.router.pools.registry.pool("qwen3-8b")}
+
+        for _ in range(40):
+            if "10.0.0.7:8000" in pool():
+                break
+            await asyncio.sleep(0.05)
+        assert pool() == {"127.0.0.1:8101", "10.0.0.7:8000"}
+        workers.write_text("qwen3-8b: [10.0.0.8:8000]\n")
+        for _ in range(60):
+            if "10.0.0.8:8000" in pool():
+                break
+            await asyncio.sleep(0.05)
+        assert pool() == {"127.0.0.1:8101", "10.0.0.8:8000"}
+    finally:
+        await running.stop()
+
+
+async def test_a_worker_whose_metrics_are_unreachable_leaves_the_pick(config):
+    import asyncio
+
+    from extproc.dev.harness import free_port
+
+    dead = f"127.0.0.1:{free_port()}"  # nothing listens there
+    models = {**config.models,
+              "qwen3-8b": replace(config.models["qwen3-8b"], endpoints=(dead, "127.0.0.1:8101"))}
+    running = await start(replace(config, models=models, server=replace(
+        config.server, grpc_port=0, http_port=0)))
+    try:
+        def health() -> dict[str, bool]:
+            return {w.address: w.healthy for w in running.router.pools.registry.pool("qwen3-8b")}
+
+        for _ in range(60):
+            if not health()[dead]:
+                break
+            await asyncio.sleep(0.05)
+        assert health()[dead] is False
+    finally:
+        await running.stop()
