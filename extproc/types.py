@@ -78,9 +78,18 @@ class SessionIdentity:
 class RequestSummary:
     """Everything routing needs from one request body, extracted in a single parse.
 
-    ``tool_result_ids`` are the tool-call ids answered by the newest turn (an open tool loop);
-    ``provider_state`` holds fingerprints of non-portable items (encrypted reasoning, signed
-    thinking) that only the issuing backend can read.
+    ``tool_result_ids`` are the ids of the *pending* tool results: every tool result after the
+    last assistant turn (a model has not answered them yet, whatever else the client added
+    beside them); ``tool_results`` counts those results, ids or not, so a result whose id is
+    missing or unknown still binds the request to the session's model. ``previous_response_id``
+    is a provider-state reference wherever the body carries it (Responses, or Chat bodies from
+    clients of other routers); ``provider_state`` holds fingerprints of non-portable items
+    (encrypted reasoning, signed thinking) that only the issuing backend can read.
+
+    ``session_hint`` is a session id the body names (Anthropic ``metadata.user_id``, the
+    Responses ``prompt_cache_key``), below the harness headers in precedence; ``conversation``
+    fingerprints the conversation's opening (system prompt and first user turn), the same on
+    every turn of one conversation, for callers that name no session at all.
     """
 
     api: Api
@@ -91,14 +100,24 @@ class RequestSummary:
     tools_offered: tuple[str, ...] = ()
     tool_call_ids: tuple[str, ...] = ()
     tool_result_ids: tuple[str, ...] = ()
+    tool_results: int = 0
     previous_response_id: str | None = None
     provider_state: tuple[str, ...] = ()
     latest_text: str = ""
+    session_hint: str | None = None
+    session_hint_source: str | None = None
+    conversation: str | None = None
     body: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    raw: bytes = field(default=b"", repr=False, compare=False)
+    """The body exactly as the client sent it: the model rewrite splices into it."""
 
     @property
     def has_provider_state(self) -> bool:
         return self.previous_response_id is not None or bool(self.provider_state)
+
+    @property
+    def pending_tool_results(self) -> bool:
+        return self.tool_results > 0 or bool(self.tool_result_ids)
 
 
 @dataclass(slots=True)
