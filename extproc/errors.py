@@ -30,6 +30,15 @@ _OPENAI_TYPES = {
 }
 
 
+SHOWN_CHARS = 128
+
+
+def shown(value: str, limit: int = SHOWN_CHARS) -> str:
+    """A client-supplied value as an error message quotes it: never more than ``limit``
+    characters, so a 1 MB model name is not echoed back whole."""
+    return value if len(value) <= limit else f"{value[:limit]}… ({len(value)} characters)"
+
+
 class RoutingError(Exception):
     status = 500
     code = "internal_error"
