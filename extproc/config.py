@@ -153,6 +153,22 @@ class Memory:
     max_sessions: int = 100_000
     session_ttl_seconds: float = 3600.0
     max_owned_ids: int = 1_000_000
+    owner_ttl_seconds: float = 86400.0
+    """How long an issued id (tool call, response, provider state) keeps its owner."""
+
+
+@dataclass(frozen=True)
+class State:
+    """Where router state lives: this process (``memory``) or Redis / Valkey (``redis``),
+    shared by replicas and kept across restarts."""
+
+    store: str = "memory"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    key_prefix: str = "saar"
+    timeout_ms: float = 50.0
+    """The request path never waits longer than this on the shared store."""
+    max_backlog: int = 100_000
+    """Write batches kept for the store while it is down (the oldest are dropped beyond)."""
 
 
 @dataclass(frozen=True)
@@ -255,6 +271,7 @@ class Config:
     identity: Identity = field(default_factory=Identity)
     limits: Limits = field(default_factory=Limits)
     memory: Memory = field(default_factory=Memory)
+    state: State = field(default_factory=State)
     health: Health = field(default_factory=Health)
     scheduling: Scheduling = field(default_factory=Scheduling)
     replay: Replay = field(default_factory=Replay)
@@ -337,6 +354,9 @@ def _join(where: str, key: str) -> str:
 
 def _check_references(config: Config, source: str) -> None:
     _check_scheduling(config.scheduling, source)
+    if config.state.store not in ("memory", "redis"):
+        raise ConfigError(f"{source}: state.store: 'memory' or 'redis', "
+                          f"got {config.state.store!r}")
     if not config.models:
         raise ConfigError(f"{source}: models: at least one model is required")
     for name in config.routing.logical_models:

@@ -6,7 +6,7 @@ from dataclasses import replace
 import orjson
 
 from extproc.cli import main
-from extproc.core.router import Router
+from extproc.core.router import LocalDriver, Router
 from extproc.types import Api, ResponseSummary
 
 
@@ -15,9 +15,9 @@ def test_replay_show_reads_the_jsonl_sink(config, clock, tmp_path, capsys):
     router = Router(replace(config, replay=replace(config.replay, jsonl_path=str(path))),
                     clock=clock)
     body = orjson.dumps({"model": "auto", "messages": [{"role": "user", "content": "refactor"}]})
-    routed = router.route(Api.CHAT, {"x-session-id": "cli"}, body)
-    router.response_started(routed.replay_id, 200)
-    router.response_finished(routed.replay_id, ResponseSummary(finish_reason="stop"))
+    driver = LocalDriver(router)
+    routed = driver.route(Api.CHAT, {"x-session-id": "cli"}, body)
+    driver.respond(routed, ResponseSummary(status=200, finish_reason="stop"))
     router.close()
     assert main(["replay", "show", routed.replay_id, "--file", str(path)]) == 0
     shown = json.loads(capsys.readouterr().out)

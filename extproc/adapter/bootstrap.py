@@ -13,26 +13,24 @@ from typing import Any
 import yaml
 
 from ..config import Config
+from .contract import (
+    DESTINATION_HEADER,
+    DIAGNOSTIC_HEADERS,
+    LB_NAMESPACE,
+    METADATA_NAMESPACE,
+    OBSERVE_FILTER,
+    OBSERVE_HEADER,
+    OBSERVER,
+    PROCESSOR,
+    ROUTING_FILTER,
+    SUBSET_NAMESPACE,
+    UPSTREAM_ATTRIBUTE,
+    WORKER_HEADER,
+)
 
 EXT_PROC = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
 HTTP_OPTIONS = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 BUFFER_LIMIT = 32 * 1024 * 1024
-
-# Response header → metadata key written by the processor (see server._metadata).
-DIAGNOSTIC_HEADERS = {
-    "x-replay-id": "replay_id",
-    "x-saar-selected-model": "selected_model",
-    "x-saar-decision": "decision",
-    "x-saar-session-phase": "session_phase",
-    "x-saar-action": "action",
-    "x-saar-confidence": "confidence",
-    "x-saar-context-tokens": "context_tokens",
-}
-WORKER_HEADER = "x-saar-worker"
-DESTINATION_HEADER = "x-gateway-destination-endpoint"
-OBSERVE_HEADER = "x-saar-observe"
-PROCESSOR = "saar_extproc"
-OBSERVER = "saar_extproc_observe"
 
 
 @dataclass(frozen=True)
@@ -67,7 +65,7 @@ def bootstrap(
                     # Remove first: an upstream must never be able to forge our diagnostics.
                     "response_headers_to_remove": [*DIAGNOSTIC_HEADERS, WORKER_HEADER],
                     "response_headers_to_add": [
-                        _add_header(name, f"%DYNAMIC_METADATA(saar:{key})%")
+                        _add_header(name, f"%DYNAMIC_METADATA({METADATA_NAMESPACE}:{key})%")
                         for name, key in DIAGNOSTIC_HEADERS.items()
                     ]
                     + [_add_header(WORKER_HEADER, "%UPSTREAM_REMOTE_ADDRESS%")],
@@ -136,7 +134,7 @@ def bootstrap(
 
 def _observe_off() -> dict[str, Any]:
     return {
-        "saar-observe": {
+        OBSERVE_FILTER: {
             "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3."
             "ExtProcPerRoute",
             "disabled": True,
@@ -148,7 +146,7 @@ def _routing_filter() -> dict[str, Any]:
     """One stream per request: headers, the buffered body (the reply routes and rewrites it),
     the response headers and — switched on per request — a JSON answer's buffered body."""
     return {
-        "name": "saar",
+        "name": ROUTING_FILTER,
         "typed_config": {
             "@type": EXT_PROC,
             "stat_prefix": "saar",
@@ -162,7 +160,7 @@ def _routing_filter() -> dict[str, Any]:
             "max_message_timeout": "60s",
             "allow_mode_override": True,
             # Which worker Envoy really used, sent with the response headers.
-            "response_attributes": ["upstream.address"],
+            "response_attributes": [UPSTREAM_ATTRIBUTE],
             "processing_mode": {
                 "request_header_mode": "SEND",
                 "request_body_mode": "BUFFERED",
@@ -172,9 +170,9 @@ def _routing_filter() -> dict[str, Any]:
                 "response_trailer_mode": "SKIP",
             },
             "metadata_options": {
-                "receiving_namespaces": {"untyped": ["saar", "envoy.lb"]},
+                "receiving_namespaces": {"untyped": [METADATA_NAMESPACE, LB_NAMESPACE]},
                 # The proxy's subset hint reaches the processor as filter metadata.
-                "forwarding_namespaces": {"untyped": ["envoy.lb.subset_hint"]},
+                "forwarding_namespaces": {"untyped": [SUBSET_NAMESPACE]},
             },
         },
     }
@@ -184,7 +182,7 @@ def _observe_filter() -> dict[str, Any]:
     """Non-blocking, and on only for streamed (SSE) answers (by route): the chunks stream past
     the processor, which learns ids and usage without holding any of them."""
     return {
-        "name": "saar-observe",
+        "name": OBSERVE_FILTER,
         "typed_config": {
             "@type": EXT_PROC,
             "stat_prefix": "saar_observe",
@@ -205,7 +203,8 @@ def _observe_filter() -> dict[str, Any]:
                 "request_trailer_mode": "SKIP",
                 "response_trailer_mode": "SKIP",
             },
-            "metadata_options": {"forwarding_namespaces": {"untyped": ["saar"]}},
+            # The turn to complete travels here, so any replica can complete it.
+            "metadata_options": {"forwarding_namespaces": {"untyped": [METADATA_NAMESPACE]}},
         },
     }
 
@@ -235,7 +234,7 @@ def _access_log(path: str) -> dict[str, Any]:
                     "status": "%RESPONSE_CODE%",
                     "cluster": "%UPSTREAM_CLUSTER%",
                     "upstream": "%UPSTREAM_HOST%",
-                    "replay_id": "%DYNAMIC_METADATA(saar:replay_id)%",
+                    "replay_id": f"%DYNAMIC_METADATA({METADATA_NAMESPACE}:replay_id)%",
                     "duration_ms": "%DURATION%",
                 }
             },
@@ -313,7 +312,7 @@ def _override_host_policy() -> dict[str, Any]:
                         "@type": "type.googleapis.com/envoy.extensions.load_balancing_policies."
                         "override_host.v3.OverrideHost",
                         "override_host_sources": [
-                            {"metadata": {"key": "envoy.lb",
+                            {"metadata": {"key": LB_NAMESPACE,
                                           "path": [{"key": DESTINATION_HEADER}]}},
                             {"header": DESTINATION_HEADER},
                         ],

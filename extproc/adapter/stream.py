@@ -1,56 +1,57 @@
-"""The Envoy ext_proc adapter: the only module that speaks Envoy's protobuf types.
+"""One ext_proc stream, message by message: the only code that speaks Envoy's protobuf types.
 
-Two filters in Envoy talk to this one service (see ``envoy/envoy.yaml``):
+Two filters in Envoy talk to this service (see ``envoy/envoy.yaml``):
 
-* ``saar`` (one stream per request): request headers, then the buffered body — the reply sets the
-  cluster header, rewrites the model, clears the route cache and emits dynamic metadata that
-  Envoy turns into the ``x-saar-*`` response headers; then the response headers (the upstream
-  answered: commit the turn) and, for a JSON answer, its buffered body (ids, usage), switched on
-  per request with a mode override. Everything on one stream: each extra stream costs a Python
-  processor more than an extra message on an open one (see the README's measurements).
+* ``saar`` (one stream per request): the request headers; the buffered body — its facts are
+  loaded from the state layer, the core routes, and the reply sets the cluster header, rewrites
+  the model, clears the route cache and emits the ``saar`` metadata; the response headers (the
+  upstream answered: a 2xx commits the turn, awaited, before the client sees a byte); for a
+  JSON answer, its buffered body (switched on per request), whose ids are claimed before the
+  client can act on them. When the stream closes, the turn's bookkeeping ends.
 * ``saar-observe`` (``observability_mode``: never waits), enabled by route only for streamed
-  (SSE) answers, which must not wait on the processor chunk by chunk.
-
-``ExtProcStream`` is sans-IO: feed it ``ProcessingRequest`` messages, it returns the replies.
+  (SSE) answers. It may reach another replica: the turn it completes travels in the ``saar``
+  metadata Envoy forwards. Ids are claimed the moment they pass; the terminal event finishes
+  the turn — and commits it, if it got there before the routing stream's response headers.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import math
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-import grpc
 from envoy.config.core.v3 import base_pb2 as core
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as pm
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from envoy.type.v3 import http_status_pb2
-from google.protobuf import duration_pb2, struct_pb2
+from google.protobuf import struct_pb2
 
 from ..apis.response import ResponseObserver
-from ..core.router import DESTINATION_HEADER, Routed, Router, api_for
+from ..core.router import Request, Routed, Router, api_for, issued, outcome_of
 from ..errors import MalformedRequest, RoutingError, SessionPaused
-from ..types import Api
-from .bootstrap import OBSERVE_HEADER
+from ..state.layer import StateLayer
+from ..state.records import Commit, Turn
+from ..types import Api, ResponseSummary
+from .contract import (
+    API_KEY,
+    ATTRIBUTES_NAMESPACE,
+    DESTINATION_HEADER,
+    DIAGNOSTIC_PREFIX,
+    LB_NAMESPACE,
+    METADATA_NAMESPACE,
+    OBSERVE_HEADER,
+    SUBSET_KEY,
+    SUBSET_NAMESPACE,
+    TURN_KEY,
+    UPSTREAM_ATTRIBUTE,
+)
 
 log = logging.getLogger(__name__)
 
-METADATA_NAMESPACE = "saar"
-LB_NAMESPACE = "envoy.lb"
-SUBSET_NAMESPACE = "envoy.lb.subset_hint"
-SUBSET_KEY = "x-gateway-destination-endpoint-subset"
-ATTRIBUTES_NAMESPACE = "envoy.filters.http.ext_proc"
-UPSTREAM_ATTRIBUTE = "upstream.address"
-HOLD_POLL_SECONDS = 0.05
 _OVERWRITE = core.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 _PASS_THROUGH = pm.ProcessingMode(
     request_body_mode=pm.ProcessingMode.NONE, response_header_mode=pm.ProcessingMode.SKIP
 )
 _BUFFER_RESPONSE = pm.ProcessingMode(response_body_mode=pm.ProcessingMode.BUFFERED)
-
 
 
 def _header(key: str, value: str) -> core.HeaderValueOption:
@@ -97,9 +98,12 @@ def routed_response(routed: Routed, cluster_header: str) -> ep.ProcessingRespons
         # Envoy answers 500 when content-length disagrees with a mutated body.
         headers.append(_header("content-length", str(len(routed.body))))
     metadata = struct_pb2.Struct()
-    _set_strings(metadata, METADATA_NAMESPACE, _metadata(routed))
+    values = _metadata(routed)
     if routed.stream:
         headers.append(_header(OBSERVE_HEADER, "1"))
+        values[TURN_KEY] = routed.turn.to_wire()
+        values[API_KEY] = routed.api.value
+    _set_strings(metadata, METADATA_NAMESPACE, values)
     if routed.workers:
         # The Gateway API Inference Extension's contract: the pick in the header, the pick and
         # its fallbacks (for Envoy's retries) in envoy.lb metadata.
@@ -156,21 +160,52 @@ def _subset(message: ep.ProcessingRequest) -> frozenset[str] | None:
     return frozenset(i.strip() for i in items if i.strip())
 
 
+def _observed_turn(message: ep.ProcessingRequest) -> tuple[Turn, Api] | None:
+    """The turn an observe stream completes, from the metadata the routing stream emitted."""
+    fields = message.metadata_context.filter_metadata.get(METADATA_NAMESPACE)
+    if fields is None or TURN_KEY not in fields.fields or API_KEY not in fields.fields:
+        return None
+    try:
+        return (Turn.from_wire(fields.fields[TURN_KEY].string_value),
+                Api(fields.fields[API_KEY].string_value))
+    except ValueError:
+        return None
+
+
+def _is_event_stream(chunk: bytes) -> bool:
+    """An SSE body begins with a field (``data:``, ``event:``…) or a comment, never ``{``: the
+    observer of a streamed request also sees a failed upstream's JSON error body."""
+    return not chunk.lstrip().startswith((b"{", b"["))
+
+
 class ExtProcStream:
     """One ext_proc stream (one HTTP request seen by one filter), driven message by message."""
 
-    def __init__(self, router: Router) -> None:
+    def __init__(self, router: Router, state: StateLayer) -> None:
         self._router = router
+        self._state = state
         self._headers: dict[str, str] = {}
         self._subset: frozenset[str] | None = None
         self._body: bytes = b""
         self._api: Api | None = None
+        self._routed: Routed | None = None
+        self._status = 0
+        self._served: str | None = None
+        self._held: list[Commit] = []
+        """A JSON answer's commit, written together with what its body carries."""
         self._observer: ResponseObserver | None = None
-        self._replay_id: str | None = None
+        self._claimed: list[str] = []
+        self._turn: Turn | None = None
+        self._sse: bool | None = None
         self._finished = False
         self._observing = False
+        self._ended = False
 
-    def handle(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse | Hold | None:
+    @property
+    def api(self) -> Api | None:
+        return self._api
+
+    async def handle(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse | Hold | None:
         kind = request.WhichOneof("request")
         if request.observability_mode or self._observing:
             # Envoy leaves observability_mode unset on an observe stream's last message.
@@ -182,11 +217,11 @@ class ExtProcStream:
                 self._subset = _subset(request)
                 return self._on_request_headers(request.request_headers)
             if kind == "request_body":
-                return self._on_request_body(request.request_body)
+                return await self._on_request_body(request.request_body)
             if kind == "response_headers":
-                return self._on_response_headers(request)
+                return await self._on_response_headers(request)
             if kind == "response_body":
-                return self._on_response_body(request.response_body)
+                return await self._on_response_body(request.response_body)
         except SessionPaused as exc:
             admission = self._router.config.scheduling.admission
             if admission.on_paused == "hold":
@@ -196,17 +231,12 @@ class ExtProcStream:
             return error_response(exc, self._api)
         return _passthrough(kind)
 
-    def resume(self, *, admit_paused: bool) -> ep.ProcessingResponse:
+    async def resume(self, *, admit_paused: bool) -> ep.ProcessingResponse:
         """Route the held body again: the session was resumed, or the hold timed out."""
-        assert self._api is not None
         try:
-            routed = self._router.route(
-                self._api, self._headers, self._body, subset=self._subset,
-                admit_paused=admit_paused,
-            )
+            return await self._route(admit_paused=admit_paused)
         except RoutingError as exc:
             return error_response(exc, self._api)
-        return self._routed(routed)
 
     @property
     def observed(self) -> bool:
@@ -215,16 +245,40 @@ class ExtProcStream:
         return self._observing and self._finished
 
     def close(self) -> None:
-        """The stream ended; a response that never reached end_of_stream still closes its turn."""
-        if self._observer is not None and self._replay_id is not None and not self._finished:
-            self._finished = True
-            self._router.response_finished(self._replay_id, self._observer.summary)
+        """The stream ended. A routing stream ends its turn (however far it got: answered,
+        failed after routing, or abandoned by the client); an observe stream that never saw
+        its terminal event finishes the turn with what it did see."""
+        if self._observing:
+            if not self._finished:
+                self._finish_observed()
+            return
+        if self._routed is None or self._ended:
+            return
+        self._ended = True
+        summary = self._observer.summary if self._observer is not None else None
+        outcome = outcome_of(None, None, summary)
+        if self._status == 0:
+            outcome["aborted"] = True
+        if self._held:
+            # The body never came (the client hung up): the upstream did accept the turn.
+            self._state.send(self._held)
+            self._held = []
+        self._state.send(self._router.ended(self._routed, outcome, summary))
 
     # -- request path ----------------------------------------------------------------------
 
+    def _spoofed(self) -> list[str]:
+        """Client headers that Envoy or we would trust for routing: always removed."""
+        cluster = self._router.config.routing.cluster_header.lower()
+        names = [h for h in self._headers
+                 if h in (DESTINATION_HEADER, cluster) or h.startswith(DIAGNOSTIC_PREFIX)]
+        for name in names:
+            self._router.metrics.stripped_headers.labels(name).inc()
+        return names
+
     def _on_request_headers(self, message: ep.HttpHeaders) -> ep.ProcessingResponse:
         self._headers = _headers_dict(message)
-        remove = self._router.spoofed(self._headers)
+        remove = self._spoofed()
         self._api = api_for(self._headers.get(":method", ""), self._headers.get(":path", ""))
         if self._api is None:
             reply = ep.ProcessingResponse(
@@ -238,77 +292,98 @@ class ExtProcStream:
             request_headers=ep.HeadersResponse(response=_continue_headers(remove))
         )
 
-    def _on_request_body(self, message: ep.HttpBody) -> ep.ProcessingResponse:
+    async def _on_request_body(self, message: ep.HttpBody) -> ep.ProcessingResponse:
         if self._api is None:
             return _passthrough("request_body")
         self._body = message.body
-        return self._routed(
-            self._router.route(self._api, self._headers, message.body, subset=self._subset)
-        )
+        return await self._route(admit_paused=False)
 
-    def _routed(self, routed: Routed) -> ep.ProcessingResponse:
-        self._replay_id = routed.replay_id
+    async def _route(self, *, admit_paused: bool) -> ep.ProcessingResponse:
+        assert self._api is not None
+        request: Request = self._router.read(self._api, self._headers, self._body)
+        facts = await self._state.load(request.query)
+        routed = self._router.route(request, facts, subset=self._subset,
+                                    admit_paused=admit_paused)
+        self._routed = routed
         return routed_response(routed, self._router.config.routing.cluster_header)
 
     # -- response path ---------------------------------------------------------------------
 
-    def _on_response_headers(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse:
-        """The upstream answered (or Envoy did, e.g. no healthy upstream): commit or not, and
-        read a JSON answer's body in one more message on this stream."""
+    async def _on_response_headers(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse:
+        """The upstream answered (or Envoy did, e.g. no healthy upstream): commit a 2xx before
+        the client sees it; read a JSON answer's body in one more message on this stream."""
         reply = _passthrough("response_headers")
-        api = self._router.api_of(self._replay_id) if self._replay_id else None
-        if api is None or self._replay_id is None:
+        routed = self._routed
+        if routed is None:
             return reply
         message = request.response_headers
         headers = _headers_dict(message)
-        self._router.response_started(
-            self._replay_id, int(headers.get(":status", "0") or 0), _upstream(request)
-        )
-        if headers.get("content-type", "").startswith("text/event-stream"):
-            return reply  # the observe filter reads the stream without holding it
-        self._observer = ResponseObserver(api, streaming=False)
+        self._status = int(headers.get(":status", "0") or 0)
+        self._served = _upstream(request)
+        writes = self._router.answered(routed, self._status, self._served)
+        turn = writes[0].turn if writes else routed.turn  # with the worker Envoy used
+        if headers.get("content-type", "").startswith("text/event-stream") or not writes:
+            # A stream's body goes to the observe filter, unheld; a failure has nothing to read.
+            await self._state.apply(writes)
+            return reply
+        self._observer = ResponseObserver(routed.api, streaming=False)
         if message.end_of_stream:
-            self._observer.feed(b"", end=True)
-            self._finish()
-        else:
-            reply.mode_override.CopyFrom(_BUFFER_RESPONSE)
+            await self._state.apply([*writes, *self._router.finished(turn, self._observer.summary)])
+            return reply
+        self._held = writes
+        self._turn = turn
+        reply.mode_override.CopyFrom(_BUFFER_RESPONSE)
         return reply
 
-    def _on_response_body(self, message: ep.HttpBody) -> ep.ProcessingResponse:
-        if self._observer is not None and not self._finished:
+    async def _on_response_body(self, message: ep.HttpBody) -> ep.ProcessingResponse:
+        if self._observer is not None and self._turn is not None and self._held:
             self._observer.feed(message.body, end=True)
-            self._finish()
+            writes = [*self._held, *self._router.finished(self._turn, self._observer.summary)]
+            self._held = []
+            await self._state.apply(writes)
         return _passthrough("response_body")
+
+    # -- observe stream ----------------------------------------------------------------------
 
     def _observe(self, request: ep.ProcessingRequest) -> None:
         """An observe stream: the streamed (SSE) body of a routed request, chunk by chunk."""
-        if self._observer is None or self._replay_id is None:
-            fields = request.metadata_context.filter_metadata.get(METADATA_NAMESPACE)
-            replay_id = fields.fields["replay_id"].string_value if fields else ""
-            api = self._router.api_of(replay_id) if replay_id else None
-            if api is None:
+        if self._finished:
+            return
+        if self._observer is None:
+            found = _observed_turn(request)
+            if found is None:
                 self._finished = True
                 return
-            self._replay_id = replay_id
+            self._turn, api = found
             self._observer = ResponseObserver(api, streaming=True)
-        replay_id = self._replay_id
-        kind = request.WhichOneof("request")
-        if kind == "response_headers":  # only when the observe filter is sent headers too
-            headers = _headers_dict(request.response_headers)
-            self._router.response_started(replay_id, int(headers.get(":status", "0") or 0))
-            self._observer.streaming = headers.get("content-type", "").startswith(
-                "text/event-stream"
-            )
-        elif kind == "response_body" and not self._finished:
-            body = request.response_body
-            self._observer.feed(body.body, end=body.end_of_stream)
-            if self._observer.done:
-                self._finish()
+        if request.WhichOneof("request") != "response_body":
+            return
+        body = request.response_body
+        if self._sse is None and body.body.strip():
+            self._sse = _is_event_stream(body.body)
+        self._observer.feed(body.body, end=body.end_of_stream)
+        self._claim_new()
+        if self._observer.done:
+            self._finish_observed()
 
-    def _finish(self) -> None:
-        assert self._observer is not None and self._replay_id is not None
+    def _claim_new(self) -> None:
+        """Claim ids as soon as they pass: the client may answer a tool call at once."""
+        assert self._observer is not None and self._turn is not None
+        if not self._sse:
+            return
+        fresh = [i for i in issued(self._observer.summary) if i not in self._claimed]
+        claim = self._router.claim(self._turn, fresh)
+        if claim is not None:
+            self._claimed += fresh
+            self._state.send([claim])
+
+    def _finish_observed(self) -> None:
         self._finished = True
-        self._router.response_finished(self._replay_id, self._observer.summary)
+        if self._observer is None or self._turn is None or not self._sse:
+            return
+        summary: ResponseSummary = self._observer.summary
+        self._state.send(self._router.finished(self._turn, summary, self._claimed))
+        self._router.replay.complete(self._turn.replay_id, outcome_of(None, None, summary))
 
 
 def _passthrough(kind: str | None) -> ep.ProcessingResponse:
@@ -320,57 +395,3 @@ def _passthrough(kind: str | None) -> ep.ProcessingResponse:
     if kind in ("request_body", "response_body"):
         return ep.ProcessingResponse(**{kind: ep.BodyResponse()})
     return ep.ProcessingResponse()
-
-
-class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
-    """The gRPC servicer: a thin loop around ``ExtProcStream`` that never lets a stream crash."""
-
-    def __init__(self, router: Router) -> None:
-        self._router = router
-
-    async def _held(self, hold: Hold) -> bool:
-        """Wait until admission resumes the session (True) or the hold times out (False). No
-        request in flight is touched: only this one, not yet sent upstream, waits."""
-        admission = self._router.pools.admission
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + hold.timeout
-        while admission.is_paused(hold.session_key):
-            if loop.time() >= deadline:
-                self._router.metrics.held_requests.labels("timeout").inc()
-                return False
-            await asyncio.sleep(HOLD_POLL_SECONDS)
-        self._router.metrics.held_requests.labels("resumed").inc()
-        return True
-
-    async def Process(
-        self,
-        request_iterator: AsyncIterator[ep.ProcessingRequest],
-        context: grpc.aio.ServicerContext,
-    ) -> AsyncIterator[ep.ProcessingResponse]:
-        stream = ExtProcStream(self._router)
-        try:
-            async for request in request_iterator:
-                try:
-                    reply = stream.handle(request)
-                    if isinstance(reply, Hold):
-                        # Tell Envoy to wait longer for this message, then wait for the resume.
-                        yield ep.ProcessingResponse(
-                            override_message_timeout=duration_pb2.Duration(
-                                seconds=math.ceil(reply.timeout) + 1
-                            )
-                        )
-                        reply = stream.resume(admit_paused=not await self._held(reply))
-                except Exception:
-                    log.exception("ext_proc message failed")
-                    self._router.metrics.stream_failures.inc()
-                    if request.observability_mode:
-                        continue
-                    reply = error_response(
-                        RoutingError("the router failed on this request; see its logs"), None
-                    )
-                if reply is not None:
-                    yield reply
-                if stream.observed:
-                    return
-        finally:
-            stream.close()

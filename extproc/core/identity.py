@@ -1,20 +1,29 @@
-"""Session identity from the headers real agent harnesses send, scoped by tenant.
+"""Session identity from the headers real agent harnesses send, then from the body, scoped by
+tenant.
 
-Header values are client-controlled, so they are capped and keyed under the caller's tenant: one
-caller can name any session it likes but only ever reaches its own.
+Precedence: the harness headers (Dynamo's canonical header first), then a session id the body
+names (Anthropic ``metadata.user_id``, where Claude Code puts its session; the Responses
+``prompt_cache_key``, Codex's conversation id), then the chain (a ``previous_response_id`` belongs
+to the session that got it: resolved by the store, see ``chained``), and last the conversation's
+fingerprint (its opening is resent on every turn), so a caller that names nothing still gets
+one session per conversation.
+
+Values are client-controlled, so they are capped and keyed under the caller's tenant: one caller
+can name any session it likes but only ever reaches its own.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import orjson
 import xxhash
 
-from ..types import SessionIdentity
+from ..types import RequestSummary, SessionIdentity
 
 _TRUE = frozenset({"true", "1", "yes"})
+CONVERSATION_PREFIX = "c-"
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,16 +66,26 @@ class IdentityReader:
     max_value_bytes: int = 256
     _harnesses: tuple[HarnessHeaders, ...] = field(default=(), init=False, repr=False)
 
-    def read(self, headers: Mapping[str, str]) -> SessionIdentity:
+    def read(
+        self, headers: Mapping[str, str], request: RequestSummary | None = None
+    ) -> SessionIdentity:
+        """The session the headers name, else the body's hint, else (no chain to follow) the
+        conversation's fingerprint; ``session_id`` None when only the chain can tell."""
         tenant = self._tenant(headers)
         final = headers.get("x-dynamo-session-final", "").strip().lower() in _TRUE
         compaction = _is_compaction(headers.get("x-codex-turn-metadata"))
         for harness in self.harnesses:
             value = headers.get(harness.session)
-            if not value:
+            if not value or not value.strip():
                 continue
             session, parent = self._session_and_parent(harness, headers, self._cap(value))
             return SessionIdentity(tenant, session, harness.session, parent, final, compaction)
+        if request is not None and request.session_hint:
+            return SessionIdentity(tenant, self._cap(request.session_hint),
+                                   request.session_hint_source, None, final, compaction)
+        if request is not None and request.conversation and not request.previous_response_id:
+            return SessionIdentity(tenant, CONVERSATION_PREFIX + request.conversation,
+                                   "conversation", None, final, compaction)
         return SessionIdentity(tenant, None, None, None, final, compaction)
 
     @property
@@ -100,11 +119,23 @@ class IdentityReader:
         return "anonymous"
 
     def _cap(self, value: str) -> str:
-        """Keep ids short: a longer value is replaced by its hash, never truncated into a clash."""
+        """Keep ids short and printable: a longer value, or one with control characters (the
+        store separates fields with NUL), is replaced by its hash, never truncated into a
+        clash."""
         value = value.strip()
-        if len(value.encode()) <= self.max_value_bytes:
+        if len(value.encode()) <= self.max_value_bytes and value.isprintable():
             return value
-        return "h-" + xxhash.xxh3_128_hexdigest(value.encode())
+        return "h-" + xxhash.xxh3_128_hexdigest(value.encode("utf-8", "surrogatepass"))
+
+
+def chained(identity: SessionIdentity, session_key: str | None) -> SessionIdentity:
+    """``identity`` once the store resolved its chain to ``session_key`` (``tenant/id``)."""
+    if identity.session_id is not None or session_key is None:
+        return identity
+    prefix = identity.tenant + "/"
+    if not session_key.startswith(prefix):
+        return identity  # another tenant's session: never followed
+    return replace(identity, session_id=session_key[len(prefix):], source="chain")
 
 
 def _is_compaction(metadata: str | None) -> bool:

@@ -1,17 +1,25 @@
-"""The routing core: request in, route out; response facts in, memory updated. No I/O.
+"""The routing core: request in, facts to load out; facts in, route and writes out. No I/O.
 
-The gRPC servicer calls ``route`` once per LLM request (after the body is buffered) and
-``response_started`` / ``response_finished`` as the answer passes back. Everything here is
-synchronous and reads time from the injected clock, so the evaluation matrix and the tests drive
-the very same object without Envoy or gRPC.
+Per request the servicer makes three calls and does the I/O between them:
+
+1. ``read`` parses the body once, reads the session identity and says which facts to load
+   (the session's record, the owners of the ids the request carries, the chain to follow);
+2. ``route`` decides from those facts — SAAR picks the model, scheduling the worker — and
+   returns the ``Routed`` answer with the ``Turn`` it will commit;
+3. as the answer passes, ``answered`` (the upstream's status: a 2xx commits the turn),
+   ``finished`` (what the answer carried: ids to claim, usage) and ``ended`` (the stream
+   closed: bookkeeping, a session's end) return the writes for the store.
+
+Everything here is synchronous and reads time from the injected clock, so the evaluation
+matrix, the simulators and the tests drive the very same object (``LocalDriver``) without
+Envoy, gRPC or a store server.
 """
 
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -24,16 +32,15 @@ from ..observability.metrics import Metrics
 from ..observability.replay import JsonlSink, ReplayStore
 from ..observability.trace import MooncakeTraceWriter
 from ..scheduling.placement import Placement, Pools, Prompt
-from ..state.memory import RouterMemory, SessionState, Turn
+from ..state.memory import MemoryStore
+from ..state.records import Claim, Commit, Finish, Forget, Owner, SessionRecord, Turn, Write
+from ..state.records import owner_key as scoped
+from ..state.store import Facts, Query
 from ..types import API_PATHS, Action, Api, Clock, RequestSummary, ResponseSummary, SessionIdentity
 from .health import ModelHealth
-from .identity import IdentityReader
+from .identity import IdentityReader, chained
 from .saar import RoutingDecision, SaarEngine
 from .selection import Selector
-
-DESTINATION_HEADER = "x-gateway-destination-endpoint"
-DIAGNOSTIC_PREFIX = "x-saar-"
-PENDING_TTL_SECONDS = 900.0
 
 
 def api_for(method: str, path: str) -> Api | None:
@@ -41,6 +48,18 @@ def api_for(method: str, path: str) -> Api | None:
     if method != "POST":
         return None
     return API_PATHS.get(path.split("?", 1)[0].rstrip("/"))
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One request as ``read`` understood it: what ``route`` needs once the facts are in."""
+
+    summary: RequestSummary
+    identity: SessionIdentity
+    headers: Mapping[str, str]
+    query: Query
+    started: float
+    """``time.perf_counter()`` when reading began (the decision latency metric)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,50 +71,18 @@ class Routed:
     """The rewritten body, or None when the client already named the physical model."""
     diagnostics: dict[str, str]
     """Response headers for the client (Envoy adds them from dynamic metadata)."""
-    workers: tuple[str, ...] = ()
-    """The picked worker first, then fallbacks; empty when Envoy's balancer decides."""
+    turn: Turn
+    placement: Placement = field(default_factory=lambda: Placement(()))
     stream: bool = False
     """The client asked for a streamed (SSE) answer."""
-
-
-@dataclass(slots=True)
-class _Pending:
-    turn: Turn
-    api: Api
-    started: float
-    placement: Placement
-    final: bool = False
-    committed: bool = False
-    status: int = 0
-    served: str | None = None
-    blocks: tuple[int, ...] = ()
-    """Prompt blocks, kept only when a Mooncake trace is written."""
+    api: Api = Api.CHAT
     delay: float | None = None
-    """Seconds since the session's previous response ended (the agent's tool time)."""
+    """Seconds since the session's previous turn (the agent's tool time), when known."""
 
-
-class _PendingTurns:
-    """Turns routed but not yet answered, by replay id: insertion-ordered, so expiring the
-    abandoned ones (a stream Envoy never finished) costs O(1) amortised per request."""
-
-    def __init__(self, maxsize: int, ttl: float) -> None:
-        self._maxsize = maxsize
-        self._ttl = ttl
-        self._turns: OrderedDict[str, _Pending] = OrderedDict()
-
-    def add(self, replay_id: str, pending: _Pending) -> None:
-        self._turns[replay_id] = pending
-        while self._turns:
-            oldest = next(iter(self._turns.values()))
-            if len(self._turns) <= self._maxsize and pending.started - oldest.started < self._ttl:
-                break
-            self._turns.popitem(last=False)
-
-    def get(self, replay_id: str) -> _Pending | None:
-        return self._turns.get(replay_id)
-
-    def pop(self, replay_id: str) -> _Pending | None:
-        return self._turns.pop(replay_id, None)
+    @property
+    def workers(self) -> tuple[str, ...]:
+        """The picked worker first, then fallbacks; empty when Envoy's balancer decides."""
+        return self.placement.workers
 
 
 class Router:
@@ -115,18 +102,12 @@ class Router:
             config.identity.extra_session_headers,
             config.identity.max_value_bytes,
         )
-        self.memory = RouterMemory(
-            clock=clock,
-            max_sessions=config.memory.max_sessions,
-            session_ttl=config.memory.session_ttl_seconds,
-            max_owned_ids=config.memory.max_owned_ids,
-        )
         self.health = ModelHealth(
             clock=clock,
             failure_threshold=config.health.failure_threshold,
             cooldown=config.health.cooldown_seconds,
         )
-        self.engine = SaarEngine(config, self.memory, self.health, clock=clock, selector=selector)
+        self.engine = SaarEngine(config, self.health, clock=clock, selector=selector)
         self.pools = Pools(config, clock=clock)
         sink = JsonlSink(config.replay.jsonl_path) if config.replay.jsonl_path else None
         self.replay = ReplayStore(config.replay.capacity, sink)
@@ -135,128 +116,148 @@ class Router:
             if config.replay.mooncake_trace_path else None
         )
         self.trace = MooncakeTraceWriter(self._trace_sink.write) if self._trace_sink else None
-        self._pending = _PendingTurns(config.memory.max_sessions, PENDING_TTL_SECONDS)
-        self._protected = frozenset({DESTINATION_HEADER, config.routing.cluster_header.lower()})
 
-    def spoofed(self, headers: Mapping[str, str]) -> list[str]:
-        """Client headers that Envoy or we would trust for routing: always removed."""
-        names = [h for h in headers if h in self._protected or h.startswith(DIAGNOSTIC_PREFIX)]
-        for name in names:
-            self.metrics.stripped_headers.labels(name).inc()
-        return names
+    # -- the request path ------------------------------------------------------------------
+
+    def read(self, api: Api, headers: Mapping[str, str], raw: bytes) -> Request:
+        """Parse once and say which facts to load. Raises ``RoutingError`` (counted)."""
+        started = time.perf_counter()
+        try:
+            summary = parse_request(api, raw, max_body_bytes=self.config.limits.max_body_bytes)
+        except RoutingError as exc:
+            self.metrics.errors.labels(exc.code).inc()
+            raise
+        identity = self.identity.read(headers, summary)
+        tenant = identity.tenant
+        ids = [*summary.tool_result_ids, *summary.provider_state]
+        chain = None
+        if summary.previous_response_id:
+            ids.append(summary.previous_response_id)
+            if identity.session_id is None:
+                chain = scoped(tenant, summary.previous_response_id)
+        query = Query(identity.key, tuple(scoped(tenant, i) for i in ids), chain)
+        return Request(summary, identity, headers, query, started)
 
     def route(
         self,
-        api: Api,
-        headers: Mapping[str, str],
-        raw: bytes,
+        request: Request,
+        facts: Facts,
         *,
         subset: frozenset[str] | None = None,
         admit_paused: bool = False,
     ) -> Routed:
-        """Decide where one LLM request goes: model, then worker. Raises ``RoutingError``
-        (already counted); ``SessionPaused`` unless ``admit_paused`` (a hold that timed out)."""
-        started = time.perf_counter()
+        """Decide where the request goes: model, then worker. Raises ``RoutingError`` (already
+        counted); ``SessionPaused`` unless ``admit_paused`` (a hold that timed out)."""
+        summary = request.summary
+        identity = chained(request.identity, facts.session_key)
+        state = facts.session if identity.key == facts.session_key else None
         try:
-            request = parse_request(api, raw, max_body_bytes=self.config.limits.max_body_bytes)
-            identity = self.identity.read(headers)
             if not admit_paused and self.pools.admission.is_paused(identity.key):
                 assert identity.key is not None
                 tick = self.config.scheduling.admission.tick_seconds
                 raise SessionPaused(identity.key, retry_after=max(1, round(tick)))
-            prompt = Prompt(request)
-            state = self.memory.session(identity.key)
+            prompt = Prompt(summary)
+            owners = _by_id(facts.owners, identity.tenant)
             decision = self.engine.decide(
-                request, identity, headers, state, lambda m: self.pools.cached_tokens(prompt, m)
+                summary, identity, request.headers, state, owners,
+                lambda m: self.pools.cached_tokens(prompt, m),
             )
-            placement = self.pools.place(prompt, decision.model, identity.key, subset)
+            bound = state.worker if state is not None and state.model == decision.model else None
+            placement = self.pools.place(
+                prompt, decision.model, identity.key, subset,
+                bound=bound, pinned=decision.pinned_worker,
+            )
         except RoutingError as exc:
             self.metrics.errors.labels(exc.code).inc()
             raise
+        now = self.clock()
         replay_id = self.replay.new_id()
-        pending = self._remember(replay_id, request, identity, decision, placement, state)
-        if state is not None:
-            pending.delay = max(0.0, pending.started - state.last_seen)
-        if self.trace is not None:
-            pending.blocks = self.pools.blocks(prompt, decision.model)
-        self.pools.started(placement, identity.key, request.context_tokens)
+        turn = Turn(
+            replay_id, identity.key, identity.tenant, decision.model, decision.decision,
+            decision.phase, decision.action is Action.SWITCH, summary.context_tokens, now,
+            placement.worker, identity.final,
+        )
+        self.replay.put(decision_record(replay_id, now, summary, identity, decision,
+                                        placement, state))
+        self.pools.started(placement, identity.key, summary.context_tokens)
         if placement.worker is not None:
             self.metrics.worker_picks.labels(decision.model, placement.worker).inc()
         body = None
-        if decision.model != request.model:
-            request.body["model"] = decision.model
-            body = orjson.dumps(request.body)
-        self._count(api, decision)
-        self.metrics.decision_seconds.observe(time.perf_counter() - started)
+        if decision.model != summary.model:
+            summary.body["model"] = decision.model
+            body = orjson.dumps(summary.body)
+        self._count(summary.api, decision)
+        self.metrics.decision_seconds.observe(time.perf_counter() - request.started)
         return Routed(
             replay_id,
             decision.model,
             self.config.models[decision.model].cluster,
             body,
-            diagnostics(replay_id, decision, request),
-            placement.workers,
-            request.stream,
+            diagnostics(replay_id, decision, summary),
+            turn,
+            placement,
+            summary.stream,
+            summary.api,
+            None if state is None else max(0.0, now - state.last_seen),
         )
 
-    def response_started(self, replay_id: str, status: int, served: str | None = None) -> None:
-        """The upstream answered (``served``: the worker Envoy sent it to, when known): a 2xx
-        commits the turn to memory, a 5xx does not."""
-        pending = self._pending.get(replay_id)
-        if pending is None:
-            return
-        model = pending.turn.model
-        pending.status = status
-        if served:
-            pending.served = served
-            self.pools.served(pending.placement, served)
-        self.health.record(model, status)
-        self.metrics.responses.labels(model, f"{status // 100}xx").inc()
-        if 200 <= status < 300 and not pending.committed:
-            pending.committed = True
-            before = self.memory.commit(pending.turn)
-            if before is not None and before != model:
-                self.metrics.switches.labels(before, model).inc()
-            self.metrics.live_sessions.set(len(self.memory))
+    # -- the answer path -------------------------------------------------------------------
 
-    def response_finished(self, replay_id: str, response: ResponseSummary) -> None:
-        pending = self._pending.pop(replay_id)
-        if pending is None:
-            return
-        if pending.committed:
-            self.memory.record_response(pending.turn, response)
-        usage = response.usage
+    def answered(self, routed: Routed, status: int, served: str | None = None) -> list[Commit]:
+        """The upstream answered (``served``: the worker Envoy really used, when known): a 2xx
+        commits the turn, anything else does not (a failed request never counts as a switch).
+        """
+        turn = routed.turn
+        self.health.record(turn.model, status)
+        self.metrics.responses.labels(turn.model, f"{status // 100}xx").inc()
+        self.replay.complete(turn.replay_id, outcome_of(status, served, None))
+        if not 200 <= status < 300:
+            return []
+        if served and served != turn.worker:
+            self.pools.served(routed.placement, served)
+            turn = replace(turn, worker=served)
+        return [Commit(turn)]
+
+    def finished(
+        self, turn: Turn, response: ResponseSummary, claimed: Iterable[str] = ()
+    ) -> list[Write]:
+        """A successful answer ended: the turn is committed (if the answer got here before
+        the status did), the ids it issued and not yet ``claimed`` are claimed, its usage
+        kept."""
+        writes: list[Write] = [Finish(turn, bool(response.tool_call_ids), response.usage)]
+        done = set(claimed)
+        claim = self.claim(turn, [i for i in issued(response) if i not in done])
+        if claim is not None:
+            writes.append(claim)
+        return writes
+
+    @staticmethod
+    def claim(turn: Turn, ids: Iterable[str]) -> Claim | None:
+        """``ids`` issued by ``turn``: its model and worker own them, in its tenant."""
+        keys = tuple(scoped(turn.tenant, i) for i in ids)
+        return Claim(keys, Owner(turn.model, turn.worker, turn.session_key)) if keys else None
+
+    def ended(
+        self, routed: Routed, outcome: dict[str, Any], response: ResponseSummary | None
+    ) -> list[Write]:
+        """The request's stream closed (answered, failed or abandoned): the worker has one
+        fewer in flight, admission sees a tool boundary, the replay record gets its outcome
+        and a session's final request forgets it."""
+        turn = routed.turn
+        usage = response.usage if response is not None else None
         self.pools.finished(
-            pending.placement,
-            pending.turn.session_key,
-            usage.prompt_tokens if usage else pending.turn.context_tokens,
+            routed.placement, turn.session_key,
+            usage.prompt_tokens if usage else turn.context_tokens,
             usage.completion_tokens if usage else 0,
         )
-        if pending.final:
-            self.memory.forget(pending.turn.session_key)
-            self.pools.admission.release(pending.turn.session_key)
-            self.metrics.live_sessions.set(len(self.memory))
+        outcome["latency_ms"] = round((self.clock() - turn.started) * 1000, 3)
+        self.replay.complete(turn.replay_id, outcome)
         if self.trace is not None:
-            self._trace(pending, response)
-        self.replay.complete(
-            replay_id,
-            {
-                "status": pending.status,
-                "served_worker": pending.served,
-                "model": response.model,
-                "latency_ms": round((self.clock() - pending.started) * 1000, 3),
-                "finish_reason": response.finish_reason,
-                "tool_names": response.tool_names,
-                "tool_calls": len(response.tool_call_ids),
-                "response_id": response.response_id,
-                "usage": None
-                if usage is None
-                else {
-                    "prompt_tokens": usage.prompt_tokens,
-                    "completion_tokens": usage.completion_tokens,
-                    "cached_tokens": usage.cached_tokens,
-                },
-            },
-        )
+            self._trace(routed, usage)
+        if turn.final and turn.session_key is not None:
+            self.pools.admission.release(turn.session_key)
+            return [Forget(turn.session_key)]
+        return []
 
     def close(self) -> None:
         """Flush the replay and trace sinks."""
@@ -264,51 +265,20 @@ class Router:
         if self._trace_sink is not None:
             self._trace_sink.close()
 
-    def _trace(self, pending: _Pending, response: ResponseSummary) -> None:
-        assert self.trace is not None
-        key = pending.turn.session_key
-        usage = response.usage
-        self.trace.write(
-            session_id=None if key is None else xxhash.xxh3_64_hexdigest(key.encode()),
-            timestamp_ms=pending.started * 1000,
-            input_length=max(1, usage.prompt_tokens if usage else pending.turn.context_tokens),
-            output_length=usage.completion_tokens if usage else 0,
-            block_hashes=pending.blocks,
-            delay_ms=None if pending.delay is None else pending.delay * 1000,
-        )
-
-    def api_of(self, replay_id: str) -> Api | None:
-        pending = self._pending.get(replay_id)
-        return pending.api if pending else None
-
     # -- internals -------------------------------------------------------------------------
 
-    def _remember(
-        self,
-        replay_id: str,
-        request: RequestSummary,
-        identity: SessionIdentity,
-        decision: RoutingDecision,
-        placement: Placement,
-        state: SessionState | None,
-    ) -> _Pending:
-        now = self.clock()
-        turn = Turn(
-            identity.key,
-            decision.model,
-            decision.decision,
-            decision.phase,
-            decision.action is Action.SWITCH,
-            request.context_tokens,
-            replay_id,
-            now,
+    def _trace(self, routed: Routed, usage: Any) -> None:
+        assert self.trace is not None
+        turn = routed.turn
+        key = turn.session_key
+        self.trace.write(
+            session_id=None if key is None else xxhash.xxh3_64_hexdigest(key.encode()),
+            timestamp_ms=turn.started * 1000,
+            input_length=max(1, usage.prompt_tokens if usage else turn.context_tokens),
+            output_length=usage.completion_tokens if usage else 0,
+            block_hashes=routed.placement.blocks,
+            delay_ms=None if routed.delay is None else routed.delay * 1000,
         )
-        pending = _Pending(turn, request.api, now, placement, identity.final)
-        self._pending.add(replay_id, pending)
-        self.replay.put(
-            decision_record(replay_id, now, request, identity, decision, placement, state)
-        )
-        return pending
 
     def _count(self, api: Api, decision: RoutingDecision) -> None:
         self.metrics.requests.labels(api.value, decision.decision).inc()
@@ -317,6 +287,75 @@ class Router:
             self.metrics.locks.labels(decision.lock).inc()
         if decision.reset:
             self.metrics.resets.labels(decision.reset).inc()
+
+
+class LocalDriver:
+    """The servicer's three calls, synchronously, over an in-process store: what the
+    evaluation matrix, the simulators and the tests run the router with."""
+
+    def __init__(self, router: Router, store: MemoryStore | None = None) -> None:
+        self.router = router
+        self.store = store or MemoryStore.from_config(router.config, router.clock)
+
+    def route(
+        self, api: Api, headers: Mapping[str, str], raw: bytes, **options: Any
+    ) -> Routed:
+        request = self.router.read(api, headers, raw)
+        return self.router.route(request, self.store.load_now(request.query), **options)
+
+    def respond(
+        self, routed: Routed, response: ResponseSummary, served: str | None = None
+    ) -> None:
+        """The answer arrives whole: its status, then its body, then the stream ends."""
+        router, now = self.router, self.router.clock()
+        writes: list[Write] = [*router.answered(routed, response.status, served)]
+        if writes:
+            writes += router.finished(routed.turn, response)
+        self.store.apply_now(writes, now)
+        self.store.apply_now(router.ended(routed, outcome_of(None, None, response), response), now)
+
+    def session(self, key: str) -> SessionRecord | None:
+        return self.store.record(key)
+
+
+def issued(response: ResponseSummary) -> list[str]:
+    """The ids an answer made its model own: tool calls, provider state, the response."""
+    ids = [*response.tool_call_ids, *response.provider_state]
+    if response.response_id:
+        ids.append(response.response_id)
+    return ids
+
+
+def outcome_of(
+    status: int | None, served: str | None, response: ResponseSummary | None
+) -> dict[str, Any]:
+    """The replay record's outcome (content-free): the status and worker where the caller saw
+    them, what the answer carried where it saw that (an observe stream sees only the body)."""
+    out: dict[str, Any] = {}
+    if status is not None:
+        out["status"] = status
+        out["served_worker"] = served
+    if response is not None:
+        usage = response.usage
+        out.update(
+            model=response.model,
+            finish_reason=response.finish_reason,
+            tool_names=response.tool_names,
+            tool_calls=len(response.tool_call_ids),
+            response_id=response.response_id,
+            usage=None if usage is None else {
+                "prompt_tokens": usage.prompt_tokens,
+                "completion_tokens": usage.completion_tokens,
+                "cached_tokens": usage.cached_tokens,
+            },
+        )
+    return out
+
+
+def _by_id(owners: Mapping[str, Owner], tenant: str) -> dict[str, Owner]:
+    """Owners keyed by the bare id, as the engine looks them up."""
+    cut = len(tenant) + 1
+    return {key[cut:]: owner for key, owner in owners.items()}
 
 
 def diagnostics(
@@ -340,10 +379,10 @@ def decision_record(
     identity: SessionIdentity,
     decision: RoutingDecision,
     placement: Placement,
-    state: SessionState | None,
+    state: SessionRecord | None,
 ) -> dict[str, Any]:
-    """The content-free replay record of one decision; ``memory`` is the session's router
-    memory as the decision saw it (``previous_replay_id`` chains a session's records)."""
+    """The content-free replay record of one decision; ``memory`` is the session's record as
+    the decision saw it (``previous_replay_id`` chains a session's records)."""
     base = decision.base
     result = placement.result
     return {
@@ -363,6 +402,7 @@ def decision_record(
             "model": state.model,
             "decision": state.decision,
             "phase": state.phase.value,
+            "worker": state.worker,
             "turns": state.turns,
             "switches": state.switches,
             "recent_switches_ago_s": [round(now - t, 3) for t in state.switch_times],
@@ -380,7 +420,7 @@ def decision_record(
             "messages": request.message_count,
             "context_tokens": request.context_tokens,
             "tools_offered": len(request.tools_offered),
-            "tool_results": len(request.tool_result_ids),
+            "tool_results": max(request.tool_results, len(request.tool_result_ids)),
             "previous_response_id": request.previous_response_id is not None,
             "provider_state_items": len(request.provider_state),
         },
@@ -421,6 +461,7 @@ def decision_record(
         if result is None
         else {
             "picked": placement.worker,
+            "pinned": decision.pinned_worker,
             "fallbacks": list(placement.workers[1:]),
             "matched_blocks": dict(result.matched_blocks),
             "scores": {k: round(v, 4) for k, v in result.total.items()},

@@ -21,17 +21,18 @@ dearest candidate's prompt price):
 
 A long warm session on an expensive model therefore faces a high bar to leave, and a short retry
 on a cheap model a low one. Switch history, a handoff penalty and a margin are added on top.
-The engine is pure: memory and health are injected, time comes from the injected clock.
+The engine is pure: the session's record and the owners of the request's ids come in as facts,
+health is injected, time comes from the injected clock.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from ..config import Config, SessionAware
-from ..errors import ModelUnavailable, UnknownModel
-from ..state.memory import RouterMemory, SessionState
+from ..errors import ModelUnavailable, UnknownModel, shown
+from ..state.records import Owner, SessionRecord
 from ..types import Action, Clock, Phase, RequestSummary, SessionIdentity
 from .health import ModelHealth
 from .selection import BaseChoice, HybridSelector, Selector, hybrid_scores
@@ -78,20 +79,28 @@ class RoutingDecision:
     lock: str | None = None
     reset: str | None = None
     candidates: tuple[CandidateTerms, ...] = ()
+    pinned_worker: str | None = None
+    """A lock's worker: the one that issued the calls or holds the provider state (its KV
+    holds the session), which placement puts first while it is healthy."""
+
+
+@dataclass(frozen=True, slots=True)
+class Lock:
+    model: str
+    kind: str
+    worker: str | None
 
 
 class SaarEngine:
     def __init__(
         self,
         config: Config,
-        memory: RouterMemory,
         health: ModelHealth,
         *,
         clock: Clock,
         selector: Selector | None = None,
     ) -> None:
         self._config = config
-        self._memory = memory
         self._health = health
         self._clock = clock
         self._selector = selector or HybridSelector(config)
@@ -103,22 +112,25 @@ class SaarEngine:
         request: RequestSummary,
         identity: SessionIdentity,
         headers: Mapping[str, str],
-        state: SessionState | None,
+        state: SessionRecord | None,
+        owners: Mapping[str, Owner] | None = None,
         cached_tokens: CachedTokens = _unknown,
     ) -> RoutingDecision:
-        """``state`` is the session's router memory (None: new, or no session id)."""
+        """``state`` is the session's record (None: new, or no session); ``owners`` maps the
+        ids the request carries to who issued them, as far as the store knows."""
         if request.model not in self._logical:
             return self._direct(request, state)
         base = self._selector.select(request, headers, state.decision if state else None)
         knobs = self._decisions[base.decision].algorithm.session_aware
-        locked = self._lock(request, state, knobs)
-        if locked is not None:
-            model, lock = locked
-            self._require_available(model, lock)
-            phase = Phase.TOOL_LOOP if lock == "tool_loop" else Phase.PROVIDER_STATE
+        lock = self._lock(request, state, owners or {}, knobs)
+        if lock is not None:
+            self._require_available(lock.model, lock.kind)
+            phase = Phase.TOOL_LOOP if lock.kind == "tool_loop" else Phase.PROVIDER_STATE
+            # The decision that held is the session's, not whatever this turn's text matched.
+            held = state.decision if state is not None else base.decision
             return RoutingDecision(
-                model, base.decision, Action.LOCKED_KEEP, phase, f"{lock}_lock", 1.0, base,
-                state.model if state else None, lock=lock,
+                lock.model, held, Action.LOCKED_KEEP, phase, f"{lock.kind}_lock", 1.0, base,
+                state.model if state else None, lock=lock.kind, pinned_worker=lock.worker,
             )
         if state is None:
             model = self._first_available(base, base.model)
@@ -139,10 +151,10 @@ class SaarEngine:
 
     # -- steps -----------------------------------------------------------------------------
 
-    def _direct(self, request: RequestSummary, state: SessionState | None) -> RoutingDecision:
+    def _direct(self, request: RequestSummary, state: SessionRecord | None) -> RoutingDecision:
         """A physical model name goes to its own cluster; the session is still remembered."""
         if request.model not in self._config.models:
-            raise UnknownModel(f"The model `{request.model}` does not exist.")
+            raise UnknownModel(f"The model `{shown(request.model)}` does not exist.")
         action = Action.NEW if state is None else (
             Action.KEEP if state.model == request.model else Action.SWITCH
         )
@@ -152,24 +164,26 @@ class SaarEngine:
         )
 
     def _lock(
-        self, request: RequestSummary, state: SessionState | None, knobs: SessionAware
-    ) -> tuple[str, str] | None:
-        """The model that owns this turn's tool results or provider state, if any does."""
-        fallback = state.model if state is not None else None
-        if knobs.tool_loop_hard_lock and request.tool_result_ids:
-            owner = self._memory.owner(request.tool_result_ids) or fallback
-            if owner is not None:
-                return owner, "tool_loop"
+        self,
+        request: RequestSummary,
+        state: SessionRecord | None,
+        owners: Mapping[str, Owner],
+        knobs: SessionAware,
+    ) -> Lock | None:
+        """Who owns this turn's pending tool results or provider state: the issuer of the ids
+        when the store knows it, else the session's current model and worker."""
+        if knobs.tool_loop_hard_lock and request.pending_tool_results:
+            lock = _held(owners, request.tool_result_ids, state, "tool_loop")
+            if lock is not None:
+                return lock
         if knobs.context_portability_hard_lock and request.has_provider_state:
             keys = list(request.provider_state)
             if request.previous_response_id:
                 keys.append(request.previous_response_id)
-            owner = self._memory.owner(keys) or fallback
-            if owner is not None:
-                return owner, "provider_state"
+            return _held(owners, keys, state, "provider_state")
         return None
 
-    def _reset(self, state: SessionState, base: BaseChoice, knobs: SessionAware) -> str | None:
+    def _reset(self, state: SessionRecord, base: BaseChoice, knobs: SessionAware) -> str | None:
         idle = self._clock() - state.last_seen
         timeout = knobs.idle_timeout_seconds
         if knobs.idle_reset and timeout > 0 and idle > timeout:
@@ -181,7 +195,7 @@ class SaarEngine:
     def _priced(
         self,
         request: RequestSummary,
-        state: SessionState,
+        state: SessionRecord,
         base: BaseChoice,
         knobs: SessionAware,
         cached_tokens: CachedTokens,
@@ -223,7 +237,7 @@ class SaarEngine:
     def _price(
         self,
         request: RequestSummary,
-        state: SessionState,
+        state: SessionRecord,
         base: BaseChoice,
         knobs: SessionAware,
         cached_tokens: CachedTokens,
@@ -292,3 +306,17 @@ class SaarEngine:
                 "has no available backend; retry later (the session resumes on the same model)",
                 retry_after=self._health.retry_after(model),
             )
+
+
+def _held(
+    owners: Mapping[str, Owner], ids: Iterable[str], state: SessionRecord | None, kind: str
+) -> Lock | None:
+    """The newest of ``ids`` whose issuer is known, else the session's own model and worker."""
+    owner = None
+    for key in ids:
+        owner = owners.get(key, owner)
+    if owner is not None:
+        return Lock(owner.model, kind, owner.worker)
+    if state is not None:
+        return Lock(state.model, kind, state.worker)
+    return None

@@ -63,3 +63,24 @@ class Metrics:
             "saar_stream_failures", "ext_proc streams that ended with an internal error",
             registry=r,
         )
+        self.store_up = Gauge(
+            "saar_store_up", "1 while the shared state store answers (always 1 without one)",
+            registry=r,
+        )
+        self.store_errors = Counter(
+            "saar_store_errors", "Shared store calls that failed or timed out", ["op", "error"],
+            registry=r,
+        )
+        self.store_seconds = Histogram(
+            "saar_store_seconds", "Shared store round trips", ["op"],
+            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05),
+            registry=r,
+        )
+        self.store_backlog = Gauge(
+            "saar_store_backlog", "Write batches waiting for the shared store to come back",
+            registry=r,
+        )
+        self.store_dropped = Counter(
+            "saar_store_dropped", "Write batches dropped from a full backlog (kept locally)",
+            registry=r,
+        )

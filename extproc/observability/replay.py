@@ -83,9 +83,11 @@ class ReplayStore:
             self._sink.write({"event": "decision", **record})
 
     def complete(self, replay_id: str, outcome: Record) -> None:
+        """Add to the record's outcome: the routing stream and the observe stream each know a
+        part (the status and worker; what a streamed answer carried), in either order."""
         record = self._records.get(replay_id)
         if record is not None:
-            record["outcome"] = outcome
+            record.setdefault("outcome", {}).update(outcome)
         if self._sink is not None:
             self._sink.write({"event": "outcome", "replay_id": replay_id, "outcome": outcome})
 
@@ -112,5 +114,5 @@ def read_jsonl(path: str | Path, replay_id: str) -> Record | None:
             if event.get("event") == "decision":
                 found = {k: v for k, v in event.items() if k != "event"}
             elif found is not None:
-                found["outcome"] = event["outcome"]
+                found.setdefault("outcome", {}).update(event["outcome"])
     return found

@@ -119,14 +119,20 @@ class Pools:
         model: str,
         session_key: str | None,
         subset: frozenset[str] | None = None,
+        *,
+        bound: str | None = None,
+        pinned: str | None = None,
     ) -> Placement:
         """Score ``model``'s workers; 503 when none is eligible, 429 when all are overloaded.
-        A single-worker pool with no subset hint is left to Envoy: nothing to choose."""
+        ``bound`` is the session's worker (affinity), ``pinned`` a hard lock's worker, first
+        while eligible. A single-worker pool with no subset hint is left to Envoy: nothing to
+        choose."""
         pool = self.registry.pool(model)
         if not self.enabled or (len(pool) <= 1 and subset is None):
             return Placement(())
         request = SchedulingRequest(
-            model, session_key, self.blocks(prompt, model), prompt.request.context_tokens, subset
+            model, session_key, self.blocks(prompt, model), prompt.request.context_tokens,
+            subset, bound, pinned,
         )
         result = self.scheduler.schedule(request, pool)
         if result.shed:

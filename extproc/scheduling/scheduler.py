@@ -51,7 +51,8 @@ class Scheduler:
     ) -> None:
         """``cost`` switches to Dynamo's cost form (scorers then unused); ``max_waiting`` > 0
         sheds a request when every candidate has more waiting requests than that; ``prefer``
-        names a session's worker that goes first if eligible (admission reserved room there)."""
+        names a session's worker that goes first if eligible (admission reserved room there);
+        a request's ``pinned`` worker (a hard lock) goes first before that."""
         self.scorers = tuple(scorers)
         self.picker = picker
         self.filters = tuple(filters)
@@ -89,7 +90,9 @@ class Scheduler:
             totals = {w.address: -self.cost.cost(request, w, matched.get(w.address, 0))
                       for w in candidates}
         ordered = tuple(run("picker", sorted(totals), self.picker.pick, totals))
-        preferred = None if self._prefer is None else self._prefer(request.session_key)
+        preferred = request.pinned
+        if preferred not in totals and self._prefer is not None:
+            preferred = self._prefer(request.session_key)
         if preferred in totals:
             ordered = (preferred, *(a for a in ordered if a != preferred))
         run("prefix_index.routed", None, self.index.routed, ordered[0], request.prompt_blocks)
@@ -143,7 +146,7 @@ def from_config(
     their weights (zero-weight ones left out; none in the Dynamo cost form), a seeded max-score
     picker. ``clock`` ages the active-sessions scorer's placements (a simulator's virtual
     time); ``prefer`` is admission's ``preferred_worker``."""
-    affinity = SessionAffinityScorer(max_sessions)
+    affinity = SessionAffinityScorer()
     sessions = ActiveSessionsScorer(
         idle_seconds=config.session_idle_seconds, clock=clock, max_sessions=max_sessions
     )
@@ -163,7 +166,7 @@ def from_config(
         [SubsetFilter(), HealthyFilter()],
         index,
         cost=DynamoCost(config.overlap_weight) if dynamo else None,
-        observers=[o for o in (affinity, sessions) if id(o) in used],
+        observers=[sessions] if id(sessions) in used else [],
         max_waiting=config.max_waiting_per_worker,
         timer=timer,
         prefer=prefer,

@@ -48,6 +48,10 @@ class SchedulingRequest:
     prompt_tokens: int
     subset: frozenset[str] | None = None
     """The proxy's subset hint: only these addresses may be picked (None = no hint)."""
+    bound_worker: str | None = None
+    """The worker that served the session's last turn (its record's binding), if any."""
+    pinned: str | None = None
+    """A hard lock's worker (the tool calls' or provider state's issuer): first if eligible."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,6 @@ HTTP port. The only module that owns sockets and background tasks."""
 from __future__ import annotations
 
 import asyncio
-import logging
 import signal
 from dataclasses import dataclass
 
@@ -14,14 +13,13 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from .._proto import replay_pb2_grpc
-from ..adapter.stream import ExternalProcessor
+from ..adapter.servicer import ExternalProcessor
 from ..config import Config
 from ..core.router import Router
+from ..state.layer import StateLayer
 from .http_api import build_http_app
 from .replay_service import ReplayService
 from .tasks import Background
-
-log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 HEALTH_SERVICES = ("", "liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor")
@@ -30,6 +28,7 @@ HEALTH_SERVICES = ("", "liveness", "readiness", "envoy.service.ext_proc.v3.Exter
 @dataclass
 class RunningService:
     router: Router
+    state: StateLayer
     grpc_server: grpc.aio.Server
     http_runner: web.AppRunner
     grpc_port: int
@@ -40,12 +39,15 @@ class RunningService:
         await self.background.stop()
         await self.grpc_server.stop(grace=1.0)
         await self.http_runner.cleanup()
+        await self.state.stop()
         self.router.close()
 
 
 async def start(config: Config, router: Router | None = None) -> RunningService:
     """Start both ports (port 0 picks a free one) and return once they accept connections."""
     router = router or Router(config)
+    state = StateLayer.from_config(config, clock=router.clock, metrics=router.metrics)
+    state.start()
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -54,7 +56,7 @@ async def start(config: Config, router: Router | None = None) -> RunningService:
             ("grpc.so_reuseport", 0),
         ]
     )
-    ep_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(router), server)
+    ep_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(router, state), server)
     replay_pb2_grpc.add_ReplayServicer_to_server(ReplayService(router.replay), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -68,11 +70,9 @@ async def start(config: Config, router: Router | None = None) -> RunningService:
     site = web.TCPSite(runner, config.server.host, config.server.http_port)
     await site.start()
     http_port = runner.addresses[0][1]
-    log.info("ext_proc on %s:%d, http on %s:%d", config.server.host, grpc_port,
-             config.server.host, http_port)
     background = Background(router)
     background.start()
-    return RunningService(router, server, runner, grpc_port, http_port, background)
+    return RunningService(router, state, server, runner, grpc_port, http_port, background)
 
 
 async def serve_forever(config: Config) -> None:

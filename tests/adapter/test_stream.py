@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import orjson
 import pytest
 from envoy.config.core.v3 import base_pb2 as core
@@ -9,6 +11,9 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
 from extproc.adapter.stream import ExtProcStream
 from extproc.core.router import Router
+from extproc.state import MemoryStore, Query
+from extproc.state.layer import StateLayer
+from extproc.state.records import owner_key
 
 
 def headers_msg(headers: dict[str, str], end: bool = False) -> ep.ProcessingRequest:
@@ -28,22 +33,45 @@ def set_headers(common: ep.CommonResponse) -> dict[str, str]:
 
 CHAT = {":method": "POST", ":path": "/v1/chat/completions", "x-session-id": "s"}
 BODY = orjson.dumps({"model": "auto", "messages": [{"role": "user", "content": "refactor it"}]})
+STREAMED = orjson.dumps({"model": "auto", "stream": True,
+                         "messages": [{"role": "user", "content": "refactor it"}]})
+
+
+class Replica:
+    """A router and its state layer: what one processor process holds."""
+
+    def __init__(self, router: Router, state: StateLayer | None = None) -> None:
+        self.router = router
+        self.state = state or StateLayer(MemoryStore.from_config(router.config, router.clock), None,
+                                         clock=router.clock, metrics=router.metrics)
+
+    def stream(self) -> ExtProcStream:
+        return ExtProcStream(self.router, self.state)
+
+    def session(self, replay_id: str):
+        tenant = self.router.replay.get(replay_id)["session"]["tenant"]
+        return self.state.local.record(f"{tenant}/s")
+
+    def owner(self, replay_id: str, call_id: str):
+        tenant = self.router.replay.get(replay_id)["session"]["tenant"]
+        key = owner_key(tenant, call_id)
+        return self.state.local.load_now(Query(None, (key,))).owners.get(key)
 
 
 @pytest.fixture
-def router(config, clock) -> Router:
-    return Router(config, clock=clock)
+def replica(config, clock) -> Replica:
+    return Replica(Router(config, clock=clock))
 
 
-def test_routes_rewrites_and_emits_metadata(router):
-    stream = ExtProcStream(router)
+async def test_routes_rewrites_and_emits_metadata(replica):
+    stream = replica.stream()
     spoofed = {**CHAT, "x-saar-cluster": "evil", "x-gateway-destination-endpoint": "1.2.3.4:80",
                "x-saar-selected-model": "fake"}
-    first = stream.handle(headers_msg(spoofed))
+    first = await stream.handle(headers_msg(spoofed))
     removed = set(first.request_headers.response.header_mutation.remove_headers)
     assert removed == {"x-saar-cluster", "x-gateway-destination-endpoint", "x-saar-selected-model"}
     assert first.request_headers.response.clear_route_cache
-    reply = stream.handle(body_msg(BODY))
+    reply = await stream.handle(body_msg(BODY))
     common = reply.request_body.response
     body = common.body_mutation.body
     assert orjson.loads(body)["model"] == "qwen3-32b"
@@ -53,11 +81,12 @@ def test_routes_rewrites_and_emits_metadata(router):
     assert meta["selected_model"].string_value == "qwen3-32b"
     assert meta["replay_id"].string_value.startswith("rp-")
     assert meta["action"].string_value == "new"
-    assert router.metrics.stripped_headers.labels("x-saar-cluster")._value.get() == 1
+    assert "turn" not in meta  # only a streamed request needs the turn on the observe stream
+    assert replica.router.metrics.stripped_headers.labels("x-saar-cluster")._value.get() == 1
 
 
-def test_non_llm_path_skips_the_body_phase(router):
-    reply = ExtProcStream(router).handle(headers_msg({":method": "GET", ":path": "/v1/models"}))
+async def test_non_llm_path_skips_the_body_phase(replica):
+    reply = await replica.stream().handle(headers_msg({":method": "GET", ":path": "/v1/models"}))
     assert reply.HasField("mode_override")
     assert reply.mode_override.request_body_mode == 0  # NONE
 
@@ -71,10 +100,10 @@ def test_non_llm_path_skips_the_body_phase(router):
         ("/v1/chat/completions", orjson.dumps({"messages": []}), 400, "error"),
     ],
 )
-def test_errors_answer_in_the_clients_format(router, path, body, status, style_key):
-    stream = ExtProcStream(router)
-    stream.handle(headers_msg({":method": "POST", ":path": path}))
-    reply = stream.handle(body_msg(body))
+async def test_errors_answer_in_the_clients_format(replica, path, body, status, style_key):
+    stream = replica.stream()
+    await stream.handle(headers_msg({":method": "POST", ":path": path}))
+    reply = await stream.handle(body_msg(body))
     immediate = reply.immediate_response
     assert immediate.status.code == status
     payload = orjson.loads(immediate.body)
@@ -83,18 +112,16 @@ def test_errors_answer_in_the_clients_format(router, path, body, status, style_k
         assert payload["type"] == "error" and payload["error"]["type"] == "invalid_request_error"
 
 
-def test_empty_body_on_llm_path_is_400(router):
-    reply = ExtProcStream(router).handle(headers_msg(CHAT, end=True))
+async def test_empty_body_on_llm_path_is_400(replica):
+    reply = await replica.stream().handle(headers_msg(CHAT, end=True))
     assert reply.immediate_response.status.code == 400
 
 
-def test_oversized_body_is_413(config, clock):
-    from dataclasses import replace
-
+async def test_oversized_body_is_413(config, clock):
     small = replace(config, limits=replace(config.limits, max_body_bytes=64))
-    stream = ExtProcStream(Router(small, clock=clock))
-    stream.handle(headers_msg(CHAT))
-    assert stream.handle(body_msg(BODY)).immediate_response.status.code == 413
+    stream = Replica(Router(small, clock=clock)).stream()
+    await stream.handle(headers_msg(CHAT))
+    assert (await stream.handle(body_msg(BODY))).immediate_response.status.code == 413
 
 
 def response_headers(status: str, content_type: str) -> ep.ProcessingRequest:
@@ -103,48 +130,56 @@ def response_headers(status: str, content_type: str) -> ep.ProcessingRequest:
         core.HeaderValue(key="content-type", raw_value=content_type.encode())])))
 
 
-def routed_stream(router: Router, body: bytes = BODY) -> tuple[ExtProcStream, str]:
-    stream = ExtProcStream(router)
-    stream.handle(headers_msg(CHAT))
-    meta = stream.handle(body_msg(body)).dynamic_metadata.fields["saar"].struct_value.fields
-    return stream, meta["replay_id"].string_value
+async def routed_stream(replica: Replica, body: bytes = BODY) -> tuple[ExtProcStream, dict]:
+    stream = replica.stream()
+    await stream.handle(headers_msg(CHAT))
+    reply = await stream.handle(body_msg(body))
+    return stream, reply.dynamic_metadata.fields["saar"].struct_value.fields
 
 
 TOOL_CALL = orjson.dumps({"model": "qwen3-32b", "choices": [{"message": {"tool_calls": [
     {"id": "call_9", "function": {"name": "t"}}]}, "finish_reason": "tool_calls"}]})
 
 
-def test_json_answer_is_read_on_the_same_stream(router):
-    stream, replay_id = routed_stream(router)
-    reply = stream.handle(response_headers("200", "application/json"))
-    # The upstream answered: the turn is committed, and the JSON body is asked for, buffered.
+async def test_json_answer_commits_with_its_ids_before_the_client_reads_it(replica):
+    stream, meta = await routed_stream(replica)
+    replay_id = meta["replay_id"].string_value
+    reply = await stream.handle(response_headers("200", "application/json"))
+    # The JSON body is asked for, buffered; the commit waits for it and goes in one write.
     assert reply.mode_override.response_body_mode == 2  # BUFFERED
-    assert router.memory.session(router.replay.get(replay_id)["session"]["tenant"] + "/s")
-    reply = stream.handle(ep.ProcessingRequest(
+    assert replica.session(replay_id) is None
+    reply = await stream.handle(ep.ProcessingRequest(
         response_body=ep.HttpBody(body=TOOL_CALL, end_of_stream=True)))
     assert reply.HasField("response_body")
-    assert router.memory.owner(["call_9"]) == "qwen3-32b"
-    outcome = router.replay.get(replay_id)["outcome"]
+    record = replica.session(replay_id)
+    assert (record.model, record.phase.value, record.turns) == ("qwen3-32b", "tool_loop", 1)
+    assert replica.owner(replay_id, "call_9").model == "qwen3-32b"
+    stream.close()
+    outcome = replica.router.replay.get(replay_id)["outcome"]
     assert (outcome["status"], outcome["finish_reason"]) == (200, "tool_calls")
 
 
-def test_failed_upstream_does_not_commit(router):
-    stream, _ = routed_stream(router)
-    stream.handle(response_headers("503", "application/json"))
-    assert len(router.memory) == 0
+async def test_failed_upstream_does_not_commit_nor_read_the_body(replica):
+    stream, _ = await routed_stream(replica)
+    reply = await stream.handle(response_headers("503", "application/json"))
+    assert not reply.HasField("mode_override")
+    stream.close()
+    assert len(replica.state.local) == 0
 
 
-def observe(router: Router, replay_id: str, chunks: list[bytes], end: bool = True
-            ) -> ExtProcStream:
-    """The observe filter's stream: metadata on every message, observability_mode on all but
-    the end-of-stream one (as Envoy sends it)."""
-    stream = ExtProcStream(router)
+async def observe(
+    replica: Replica, meta, chunks: list[bytes], end: bool = True
+) -> ExtProcStream:
+    """The observe filter's stream: the forwarded metadata on every message,
+    observability_mode on all but the end-of-stream one (as Envoy sends it)."""
+    stream = replica.stream()
     for i, chunk in enumerate(chunks):
         last = end and i == len(chunks) - 1
         msg = ep.ProcessingRequest(observability_mode=i == 0 or not last)
-        msg.metadata_context.filter_metadata["saar"].update({"replay_id": replay_id})
+        msg.metadata_context.filter_metadata["saar"].update(
+            {key: value.string_value for key, value in meta.items()})
         msg.response_body.CopyFrom(ep.HttpBody(body=chunk, end_of_stream=last))
-        assert stream.handle(msg) is None
+        assert await stream.handle(msg) is None
     return stream
 
 
@@ -152,26 +187,84 @@ def sse(*events: dict) -> bytes:
     return b"".join(b"data: " + orjson.dumps(e) + b"\n\n" for e in events) + b"data: [DONE]\n\n"
 
 
-def test_streamed_answer_is_observed_without_holding_it(router):
-    stream, replay_id = routed_stream(
-        router, orjson.dumps({"model": "auto", "stream": True,
-                              "messages": [{"role": "user", "content": "refactor it"}]}))
-    reply = stream.handle(response_headers("200", "text/event-stream"))
+CALL_CHUNK = {"choices": [{"delta": {"tool_calls": [{"index": 0, "id": "call_s"}]}}]}
+
+
+async def test_streamed_answer_is_observed_without_holding_it(replica):
+    stream, meta = await routed_stream(replica, STREAMED)
+    replay_id = meta["replay_id"].string_value
+    reply = await stream.handle(response_headers("200", "text/event-stream"))
     assert not reply.HasField("mode_override")  # no body on the blocking stream
-    data = sse({"choices": [{"delta": {"tool_calls": [{"index": 0, "id": "call_s"}]}}]})
-    observer = observe(router, replay_id, [data[:20], data[20:], b""])
+    assert replica.session(replay_id).turns == 1  # committed before the client sees a byte
+    data = sse(CALL_CHUNK)
+    observer = await observe(replica, meta, [data[:20], data[20:], b""])
     # Once the response is understood the processor ends the stream itself.
     assert observer.observed
-    assert router.memory.owner(["call_s"]) == "qwen3-32b"
+    assert replica.owner(replay_id, "call_s").model == "qwen3-32b"
+    assert replica.session(replay_id).phase.value == "tool_loop"
 
 
-def test_stream_cut_short_still_closes_the_turn(router):
-    stream, replay_id = routed_stream(router)
-    stream.handle(response_headers("200", "text/event-stream"))
-    observer = observe(router, replay_id, [b"data: {\"choices\": []}\n\n"], end=False)
+async def test_a_tool_call_id_is_claimed_the_moment_it_passes(replica):
+    _, meta = await routed_stream(replica, STREAMED)
+    replay_id = meta["replay_id"].string_value
+    chunk = b"data: " + orjson.dumps(CALL_CHUNK) + b"\n\n"
+    observer = await observe(replica, meta, [chunk], end=False)
+    assert not observer.observed  # the stream goes on...
+    assert replica.owner(replay_id, "call_s").model == "qwen3-32b"  # ...the id is owned already
+
+
+async def test_the_observer_commits_when_it_finishes_before_the_status_arrives(replica):
+    """Order-independent commit: the observe stream's terminal event may be handled before the
+    routing stream's response headers (the 1% lock loss of streamed tool loops)."""
+    stream, meta = await routed_stream(replica, STREAMED)
+    replay_id = meta["replay_id"].string_value
+    await observe(replica, meta, [sse(CALL_CHUNK), b""])
+    record = replica.session(replay_id)
+    assert (record.turns, record.phase.value) == (1, "tool_loop")
+    await stream.handle(response_headers("200", "text/event-stream"))
+    stream.close()
+    assert replica.session(replay_id).turns == 1  # the late commit lands once
+
+
+async def test_a_streamed_turn_completes_on_another_replica(config, clock, replica):
+    """Two processors, one store: the observe stream reaches the replica that did not route."""
+    other = Replica(Router(config, clock=clock), replica.state)
+    _, meta = await routed_stream(replica, STREAMED)
+    replay_id = meta["replay_id"].string_value
+    await observe(other, meta, [sse(CALL_CHUNK), b""])
+    assert replica.owner(replay_id, "call_s").model == "qwen3-32b"
+    assert replica.session(replay_id).phase.value == "tool_loop"
+
+
+async def test_a_failed_streamed_request_is_not_committed_by_the_observer(replica):
+    _, meta = await routed_stream(replica, STREAMED)
+    error = orjson.dumps({"error": {"message": "overloaded", "type": "server_error"}})
+    await observe(replica, meta, [error, b""])
+    assert len(replica.state.local) == 0
+
+
+async def test_stream_cut_short_still_closes_the_turn(replica):
+    stream, meta = await routed_stream(replica, STREAMED)
+    replay_id = meta["replay_id"].string_value
+    await stream.handle(response_headers("200", "text/event-stream"))
+    observer = await observe(replica, meta, [b"data: {\"choices\": []}\n\n"], end=False)
     assert not observer.observed
     observer.close()
-    assert router.replay.get(replay_id)["outcome"]["status"] == 200
+    stream.close()
+    assert replica.router.replay.get(replay_id)["outcome"]["status"] == 200
+
+
+async def test_a_client_that_hangs_up_before_the_answer_leaves_nothing_behind(config, clock):
+    replica = Replica(two_worker_router(config, clock))
+    stream, meta = await routed_stream(replica)
+    replay_id = meta["replay_id"].string_value
+    picked = replica.router.replay.get(replay_id)["worker"]["picked"]
+    pool = replica.router.pools.registry.pool("qwen3-32b")
+    assert next(w for w in pool if w.address == picked).in_flight == 1
+    stream.close()  # Envoy ends the stream: no response headers ever came
+    assert next(w for w in pool if w.address == picked).in_flight == 0
+    assert replica.router.replay.get(replay_id)["outcome"]["aborted"] is True
+    assert len(replica.state.local) == 0
 
 
 def subset_headers_msg(subset: list[str] | str) -> ep.ProcessingRequest:
@@ -182,43 +275,45 @@ def subset_headers_msg(subset: list[str] | str) -> ep.ProcessingRequest:
 
 
 def two_worker_router(config, clock) -> Router:
-    from dataclasses import replace
-
     models = dict(config.models)
     models["qwen3-32b"] = replace(models["qwen3-32b"], endpoints=("10.0.0.1:80", "10.0.0.2:80"))
     return Router(replace(config, models=models), clock=clock)
 
 
 @pytest.mark.parametrize("hint", [["10.0.0.2:80"], "10.0.0.2:80, 10.9.9.9:80"])
-def test_the_proxys_subset_hint_limits_the_pick(config, clock, hint):
-    stream = ExtProcStream(two_worker_router(config, clock))
-    stream.handle(subset_headers_msg(hint))
-    reply = stream.handle(body_msg(BODY))
+async def test_the_proxys_subset_hint_limits_the_pick(config, clock, hint):
+    stream = Replica(two_worker_router(config, clock)).stream()
+    await stream.handle(subset_headers_msg(hint))
+    reply = await stream.handle(body_msg(BODY))
     assert set_headers(reply.request_body.response)["x-gateway-destination-endpoint"] == (
         "10.0.0.2:80")
     lb = reply.dynamic_metadata.fields["envoy.lb"].struct_value.fields
     assert lb["x-gateway-destination-endpoint"].string_value == "10.0.0.2:80"
 
 
-def test_an_empty_subset_is_503(config, clock):
-    stream = ExtProcStream(two_worker_router(config, clock))
-    stream.handle(subset_headers_msg(["10.9.9.9:80"]))
-    reply = stream.handle(body_msg(BODY))
+async def test_an_empty_subset_is_503(config, clock):
+    stream = Replica(two_worker_router(config, clock)).stream()
+    await stream.handle(subset_headers_msg(["10.9.9.9:80"]))
+    reply = await stream.handle(body_msg(BODY))
     assert reply.immediate_response.status.code == 503
     assert orjson.loads(reply.immediate_response.body)["error"]["code"] == "model_unavailable"
 
 
-def test_the_served_worker_is_learnt_from_envoys_attribute(config, clock):
-    router = two_worker_router(config, clock)
+async def test_the_served_worker_is_learnt_from_envoys_attribute(config, clock):
+    replica = Replica(two_worker_router(config, clock))
     long = orjson.dumps({"model": "auto", "messages": [
         {"role": "user", "content": "please refactor " + "the module " * 100}]})
-    stream, replay_id = routed_stream(router, long)
+    stream, meta = await routed_stream(replica, long)
+    replay_id = meta["replay_id"].string_value
+    router = replica.router
     picked = router.replay.get(replay_id)["worker"]["picked"]
     other = next(a for a in ("10.0.0.1:80", "10.0.0.2:80") if a != picked)
     headers = response_headers("200", "application/json")
     headers.attributes["envoy.filters.http.ext_proc"].update({"upstream.address": other})
-    stream.handle(headers)
-    stream.handle(ep.ProcessingRequest(response_body=ep.HttpBody(body=b"{}", end_of_stream=True)))
+    await stream.handle(headers)
+    await stream.handle(
+        ep.ProcessingRequest(response_body=ep.HttpBody(body=b"{}", end_of_stream=True)))
     assert router.replay.get(replay_id)["outcome"]["served_worker"] == other
-    # Envoy fell back to another worker: the prefix index now knows the prompt is there too.
+    # The session is bound to where it really went, and the prefix index learnt it too.
+    assert replica.session(replay_id).worker == other
     assert router.pools.index.held(other) == router.pools.index.held(picked) > 10

@@ -8,8 +8,9 @@ import orjson
 import pytest
 
 from extproc.config import Config
-from extproc.core.router import Router
+from extproc.core.router import LocalDriver, Router
 from extproc.errors import ModelUnavailable, UnknownModel
+from extproc.state.records import Forget
 from extproc.types import Api, ResponseSummary, Usage
 
 CHEAP, STRONG = "qwen3-8b", "qwen3-32b"
@@ -33,6 +34,7 @@ class Driver:
 
     def __init__(self, config: Config, clock) -> None:
         self.router = Router(config, clock=clock)
+        self.local = LocalDriver(self.router)
         self.clock = clock
 
     def send(self, body: bytes, session: str | None = "s1", status: int = 200,
@@ -40,10 +42,8 @@ class Driver:
         headers = {"authorization": "Bearer k"}
         if session:
             headers["x-session-id"] = session
-        routed = self.router.route(api, headers, body)
-        self.router.response_started(routed.replay_id, status)
-        self.router.response_finished(
-            routed.replay_id, ResponseSummary(status=status, model=routed.model, **response))
+        routed = self.local.route(api, headers, body)
+        self.local.respond(routed, ResponseSummary(status=status, model=routed.model, **response))
         self.clock.advance(5)
         return routed
 
@@ -89,8 +89,8 @@ def test_tool_loop_lock_holds_without_a_session_id(driver):
 
 def test_tool_loop_lock_holds_after_memory_loss(driver):
     first = driver.send(chat(HARD), tool_call_ids=["call_y"])
-    driver.router.memory.forget(session_key(driver, first))
-    assert len(driver.router.memory) == 0
+    driver.local.store.apply_now([Forget(session_key(driver, first))], driver.clock())
+    assert len(driver.local.store) == 0
     routed = driver.send(chat("ok", results=("call_y",)))
     assert routed.model == STRONG
 
@@ -109,7 +109,7 @@ def test_failed_upstream_is_not_committed(driver):
     driver.clock.advance(400)  # idle: the next turn may reselect
     failed = driver.send(chat("summarise the day"), status=503)
     assert failed.model == CHEAP
-    state = driver.router.memory.session(session_key(driver, failed))
+    state = driver.local.session(session_key(driver, failed))
     assert state.model == STRONG
     assert state.switches == 0
 
@@ -119,8 +119,8 @@ def test_locked_model_down_answers_503_then_resumes(driver, clock):
     for _ in range(3):  # three 5xx take the model out for the cooldown
         driver.router.health.record(STRONG, 503)
     with pytest.raises(ModelUnavailable) as info:
-        driver.router.route(Api.CHAT, {"x-session-id": "s1", "authorization": "Bearer k"},
-                            chat("ok", results=("call_z",)))
+        driver.local.route(Api.CHAT, {"x-session-id": "s1", "authorization": "Bearer k"},
+                           chat("ok", results=("call_z",)))
     assert info.value.status == 503 and info.value.retry_after >= 1
     assert "locked to qwen3-32b" in info.value.message
     clock.advance(10)
@@ -220,11 +220,12 @@ def test_replay_record_has_outcome_and_cache_evidence(driver):
 
 def test_session_final_releases_memory(driver):
     headers = {"x-session-id": "fin", "x-dynamo-session-final": "true"}
-    routed = driver.router.route(Api.CHAT, headers, chat(HARD))
-    driver.router.response_started(routed.replay_id, 200)
-    assert len(driver.router.memory) == 1
-    driver.router.response_finished(routed.replay_id, ResponseSummary(status=200))
-    assert len(driver.router.memory) == 0
+    router, store = driver.router, driver.local.store
+    routed = driver.local.route(Api.CHAT, headers, chat(HARD))
+    store.apply_now(router.answered(routed, 200), driver.clock())
+    assert len(store) == 1
+    store.apply_now(router.ended(routed, {}, None), driver.clock())
+    assert len(store) == 0
 
 
 def test_processor_writes_its_traffic_as_a_mooncake_trace(session_config, clock, tmp_path):
@@ -246,14 +247,15 @@ def test_processor_writes_its_traffic_as_a_mooncake_trace(session_config, clock,
     assert "storage" not in path.read_text()
 
 
-def test_an_answer_that_never_comes_expires(driver, clock):
+def test_an_answer_that_never_comes_is_not_committed(driver):
+    """The client hung up before the upstream answered: the stream closes, nothing commits,
+    and the replay record says so."""
     headers = {"x-session-id": "lost", "authorization": "Bearer k"}
-    lost = driver.router.route(Api.CHAT, headers, chat(HARD))
-    clock.advance(1000)  # longer than any answer takes: the stream was abandoned
-    driver.send(chat(HARD), session="other")
-    driver.router.response_started(lost.replay_id, 200)
-    assert driver.router.api_of(lost.replay_id) is None
-    assert driver.router.memory.session(session_key(driver, lost)) is None
+    lost = driver.local.route(Api.CHAT, headers, chat(HARD))
+    writes = driver.router.ended(lost, {"status": 0, "aborted": True}, None)
+    driver.local.store.apply_now(writes, driver.clock())
+    assert driver.local.session(session_key(driver, lost)) is None
+    assert driver.record(lost)["outcome"]["aborted"] is True
 
 
 def test_replay_records_chain_and_show_the_memory_they_saw(driver):

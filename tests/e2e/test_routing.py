@@ -7,7 +7,7 @@ import pytest
 from anthropic import Anthropic
 from openai import OpenAI
 
-from extproc.adapter.bootstrap import DIAGNOSTIC_HEADERS, WORKER_HEADER
+from extproc.adapter.contract import DIAGNOSTIC_HEADERS, WORKER_HEADER
 from tests.e2e.conftest import get_json, replay_outcome
 
 pytestmark = pytest.mark.e2e

@@ -8,7 +8,6 @@ import pytest
 
 from extproc.apis.prompt import prompt_blocks
 from extproc.config import Scheduling
-from extproc.scheduling.affinity import SessionAffinityScorer
 from extproc.scheduling.filters import SubsetFilter
 from extproc.scheduling.picker import MaxScorePicker
 from extproc.scheduling.prefix_index import ApproximatePrefixIndex
@@ -94,14 +93,33 @@ def test_load_is_shed_when_every_queue_is_over_the_limit() -> None:
     assert (result.ordered[0], result.shed) == ("b", False)
 
 
+class Recorder:
+    name = "recorder"
+
+    def __init__(self) -> None:
+        self.picks: list[str] = []
+
+    def picked(self, request: SchedulingRequest, address: str) -> None:
+        self.picks.append(address)
+
+
 def test_the_pick_teaches_the_index_and_the_observers() -> None:
-    affinity = SessionAffinityScorer()
-    s = scheduler([(Fixed("y", {"a": 0.0, "b": 1.0}), 1.0)], observers=[affinity])
+    recorder = Recorder()
+    s = scheduler([(Fixed("y", {"a": 0.0, "b": 1.0}), 1.0)], observers=[recorder])
     first = s.schedule(request(), pool("a", "b"))
     assert first.matched_blocks == {"a": 0, "b": 0}
     second = s.schedule(request(), pool("a", "b"))
     assert second.matched_blocks == {"a": 0, "b": 4}
-    assert affinity.score(request(), pool("a", "b")) == {"a": 0.0, "b": 1.0}
+    assert recorder.picks == ["b", "b"]
+
+
+def test_a_pinned_worker_goes_first_while_it_is_eligible() -> None:
+    """A hard lock's worker (the tool calls' issuer) beats every score, unless it is gone."""
+    s = scheduler([(Fixed("y", {"a": 0.0, "b": 1.0}), 1.0)])
+    pinned = SchedulingRequest("m", "t/s", (1, 2, 3, 4), prompt_tokens=64, pinned="a")
+    assert s.schedule(pinned, pool("a", "b")).ordered == ("a", "b")
+    gone = SchedulingRequest("m", "t/s", (1, 2, 3, 4), prompt_tokens=64, pinned="c")
+    assert s.schedule(gone, pool("a", "b")).ordered[0] == "b"
 
 
 @pytest.mark.parametrize(
@@ -157,7 +175,7 @@ def test_from_config_builds_the_gie_defaults() -> None:
     ]
     assert [f.name for f in s.filters] == ["subset", "healthy"]
     observers = [o.name for o in s.observers]  # type: ignore[attr-defined]
-    assert observers == ["session_affinity", "active_sessions"]
+    assert observers == ["active_sessions"]
     assert s.cost is None
     no_affinity = from_config(
         Scheduling(scorers={"queue": 1.0, "session_affinity": 0.0}),

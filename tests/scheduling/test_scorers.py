@@ -52,22 +52,13 @@ def test_kv_utilization_scorer() -> None:
     assert KvUtilizationScorer().score(request(), workers) == {"a": 1.0, "b": 0.25}
 
 
-def test_session_affinity_follows_the_last_pick_and_is_bounded() -> None:
-    scorer = SessionAffinityScorer(max_sessions=2)
+def test_session_affinity_follows_the_sessions_binding() -> None:
+    """The binding is the session record's (the worker that served it last): the scorer reads
+    it from the request and keeps nothing, so another replica's picks count too."""
+    scorer = SessionAffinityScorer()
     workers = [Worker("a", "m"), Worker("b", "m")]
     assert scorer.score(request(), workers) == {"a": 0.0, "b": 0.0}
-    scorer.picked(request(session="t/1"), "b")
-    assert scorer.score(request(session="t/1"), workers) == {"a": 0.0, "b": 1.0}
-    scorer.picked(request(session="t/1"), "a")
-    assert scorer.score(request(session="t/1"), workers) == {"a": 1.0, "b": 0.0}
-    scorer.picked(request(session="t/2"), "a")
-    scorer.picked(request(session="t/3"), "a")  # evicts t/1, the least recent
-    assert len(scorer) == 2
-    assert scorer.score(request(session="t/1"), workers) == {"a": 0.0, "b": 0.0}
-
-
-def test_session_affinity_ignores_sessionless_requests() -> None:
-    scorer = SessionAffinityScorer()
-    scorer.picked(request(session=None), "a")
-    assert len(scorer) == 0
-    assert scorer.score(request(session=None), [Worker("a", "m")]) == {"a": 0.0}
+    bound = SchedulingRequest("m", "t/1", (1,), prompt_tokens=64, bound_worker="b")
+    assert scorer.score(bound, workers) == {"a": 0.0, "b": 1.0}
+    gone = SchedulingRequest("m", "t/1", (1,), prompt_tokens=64, bound_worker="c")
+    assert scorer.score(gone, workers) == {"a": 0.0, "b": 0.0}

@@ -11,6 +11,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from extproc._proto import replay_pb2, replay_pb2_grpc
+from extproc.core.router import LocalDriver
 from extproc.service.app import HEALTH_SERVICES, start
 from extproc.types import Api
 
@@ -34,7 +35,7 @@ async def test_grpc_health_serves_every_service_envoy_and_kubernetes_ask(service
 
 async def test_replay_over_grpc_and_http(service):
     body = orjson.dumps({"model": "auto", "messages": [{"role": "user", "content": "refactor"}]})
-    routed = service.router.route(Api.CHAT, {"x-session-id": "s-app"}, body)
+    routed = LocalDriver(service.router).route(Api.CHAT, {"x-session-id": "s-app"}, body)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{service.grpc_port}") as channel:
         stub = replay_pb2_grpc.ReplayStub(channel)
         record = await stub.GetRecord(replay_pb2.GetRecordRequest(replay_id=routed.replay_id))

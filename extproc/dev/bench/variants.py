@@ -7,7 +7,7 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
-from ...adapter.bootstrap import OBSERVER, PROCESSOR
+from ...adapter.contract import OBSERVER, PROCESSOR
 
 Bootstrap = dict[str, Any]
 VARIANTS = ("envoy", "passthrough", "saar")

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from multiprocessing import get_context
 
 from ...config import Config
+from ...core.router import LocalDriver
 from .backend import Answer, Backend
 from .client import AgentSession, Request
 from .oracle import Oracle, Unsafe, Verdict
@@ -82,20 +83,20 @@ class Cell:
         self.config = config
         self.clock = VirtualClock()
         self.router = build_router(config, policy, self.clock)
+        self.driver = LocalDriver(self.router)
         self.oracle = Oracle()
         self.backend = Backend(config.models, self.oracle)
         self._needs = {d.name: d.difficulty for d in config.routing.decisions}
 
     def step(self, session_id: str, request: Request) -> Step:
-        """One turn, through the three calls the gRPC adapter makes."""
+        """One turn, through the calls the gRPC adapter makes."""
         self.clock.advance(request.gap)
-        routed = self.router.route(request.api, request.headers, request.raw)
+        routed = self.driver.route(request.api, request.headers, request.raw)
         verdict = self.oracle.judge(session_id, routed.model, request.carried)
         answer = self.backend.serve(routed.model, request.reply, self.clock())
         self.clock.advance(FIRST_TOKEN_SECONDS)
-        self.router.response_started(routed.replay_id, answer.summary.status)
         self.clock.advance(request.reply.completion_tokens / DECODE_TOKENS_PER_SECOND)
-        self.router.response_finished(routed.replay_id, answer.summary)
+        self.driver.respond(routed, answer.summary)
         return Step(routed.model, verdict, answer)
 
     def play(self, session: AgentSession, turns: int, tally: Tally) -> None:

@@ -112,7 +112,7 @@ def test_sticky_keeps_the_first_model_of_every_session() -> None:
         assert len({r["model"] for r in records}) == 1
 
 
-SMALL = MatrixSpec(seeds=1, sessions=6, turns=12, workloads=("tool-heavy", "provider-state-heavy"))
+SMALL = MatrixSpec(seeds=1, sessions=12, turns=12, workloads=("tool-heavy", "provider-state-heavy"))
 
 
 @pytest.fixture(scope="module")

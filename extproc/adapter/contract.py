@@ -1,0 +1,55 @@
+"""Every name Envoy and the processor agree on, in one place: the adapter speaks them and the
+bootstrap renderer writes them into Envoy's config, so the two cannot drift apart.
+
+Headers the processor sets are ones Envoy trusts for routing; the client's copies are always
+removed first (``Router.spoofed``).
+"""
+
+from __future__ import annotations
+
+# -- headers -------------------------------------------------------------------------------
+
+DESTINATION_HEADER = "x-gateway-destination-endpoint"
+"""The picked worker(s), ``ip:port[,ip:port…]`` (the Endpoint Picker Protocol's name)."""
+SERVED_KEY = "x-gateway-destination-endpoint-served"
+"""What Envoy reports it really used, in ``envoy.lb`` metadata on the response path."""
+SUBSET_KEY = "x-gateway-destination-endpoint-subset"
+"""The proxy's subset hint, in ``envoy.lb.subset_hint`` filter metadata."""
+OBSERVE_HEADER = "x-saar-observe"
+"""Marks a streamed request: only the route matching it enables the observe filter."""
+WORKER_HEADER = "x-saar-worker"
+"""Response header: the worker that served (``%UPSTREAM_REMOTE_ADDRESS%``)."""
+DIAGNOSTIC_PREFIX = "x-saar-"
+
+DIAGNOSTIC_HEADERS = {
+    "x-replay-id": "replay_id",
+    "x-saar-selected-model": "selected_model",
+    "x-saar-decision": "decision",
+    "x-saar-session-phase": "session_phase",
+    "x-saar-action": "action",
+    "x-saar-confidence": "confidence",
+    "x-saar-context-tokens": "context_tokens",
+}
+"""Response header → the ``saar`` metadata key Envoy renders it from."""
+
+# -- metadata namespaces and keys ----------------------------------------------------------
+
+METADATA_NAMESPACE = "saar"
+"""Dynamic metadata the processor emits: the diagnostics, and what the observe stream needs to
+complete the turn on any replica (Envoy forwards it to the observe filter)."""
+TURN_KEY = "turn"
+API_KEY = "api"
+LB_NAMESPACE = "envoy.lb"
+SUBSET_NAMESPACE = "envoy.lb.subset_hint"
+
+# -- attributes ----------------------------------------------------------------------------
+
+ATTRIBUTES_NAMESPACE = "envoy.filters.http.ext_proc"
+UPSTREAM_ATTRIBUTE = "upstream.address"
+
+# -- filters and clusters ------------------------------------------------------------------
+
+ROUTING_FILTER = "saar"
+OBSERVE_FILTER = "saar-observe"
+PROCESSOR = "saar_extproc"
+OBSERVER = "saar_extproc_observe"

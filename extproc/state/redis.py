@@ -1,0 +1,201 @@
+"""The shared store: router state in Redis or Valkey, for several replicas and restarts.
+
+Keys are namespaced and versioned (``{prefix}:v1:…``) and every one expires: a session record
+is a hash ``{v: version, d: record}`` that lives ``session_ttl`` after its last write; each owned
+id is its own string key (tenant-scoped) that lives ``owner_ttl``. Two Lua scripts make each call
+one round trip:
+
+* ``load`` reads the session's record and the owners of the request's ids, and resolves a
+  chain (a ``previous_response_id`` with no session header) to its session's record;
+* ``apply`` writes session records by compare-and-set on their version, claims ids and forgets
+  sessions. A record whose version moved (another replica wrote) comes back in the reply, the
+  writes are re-applied on it (``records.apply``: deltas, idempotent per replay id) and sent
+  again, so racing replicas never undo a lock or count a switch twice.
+
+Redis Cluster is not supported (the scripts touch keys they derive); a primary with replicas
+behind Sentinel or a managed endpoint is.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+from redis.asyncio import Redis
+
+from .records import (
+    Claim,
+    Commit,
+    Finish,
+    Forget,
+    SessionRecord,
+    Write,
+    apply,
+    pack_owner,
+    pack_record,
+    unpack_owner,
+    unpack_record,
+)
+from .store import Applied, Facts, Query
+
+SCHEMA = "v1"
+MAX_CAS_ATTEMPTS = 8
+
+_LOAD = """
+local sp, op = ARGV[1], ARGV[2]
+local chain = tonumber(ARGV[3])
+local out = {}
+for i = 2, #KEYS do out[#out + 1] = redis.call('GET', op .. KEYS[i]) or '' end
+local key = KEYS[1]
+if key == '' and chain > 0 and out[chain] ~= '' then
+  local owner = out[chain]
+  local stop = string.find(owner, '\\0', 1, true)
+  if stop and stop > 1 then key = string.sub(owner, 1, stop - 1) end
+end
+local record = {'0', ''}
+if key ~= '' then
+  local found = redis.call('HMGET', sp .. key, 'v', 'd')
+  if found[1] then record = {found[1], found[2]} end
+end
+return {key, record[1], record[2], unpack(out)}
+"""
+
+_APPLY = """
+local sp, op = ARGV[1], ARGV[2]
+local sttl, ottl = ARGV[3], ARGV[4]
+local n, m, k = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local a = 8
+local conflicts = {}
+for i = 1, n do
+  local key = sp .. KEYS[i]
+  local current = redis.call('HGET', key, 'v') or '0'
+  if current == ARGV[a] then
+    redis.call('HSET', key, 'v', ARGV[a + 1], 'd', ARGV[a + 2])
+    redis.call('PEXPIRE', key, sttl)
+  else
+    conflicts[#conflicts + 1] = tostring(i)
+    conflicts[#conflicts + 1] = current
+    conflicts[#conflicts + 1] = redis.call('HGET', key, 'd') or ''
+  end
+  a = a + 3
+end
+for j = 1, m do
+  redis.call('SET', op .. KEYS[n + j], ARGV[a], 'PX', ottl)
+  a = a + 1
+end
+for j = 1, k do redis.call('DEL', sp .. KEYS[n + m + j]) end
+return conflicts
+"""
+
+
+class RedisStore:
+    """``Store`` over Redis / Valkey (``redis://`` or ``rediss://`` URL)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str,
+        session_ttl: float,
+        owner_ttl: float,
+        max_known: int = 100_000,
+        client: Redis | None = None,
+    ) -> None:
+        self._redis = client or Redis.from_url(url, decode_responses=False)
+        self._session_prefix = f"{prefix}:{SCHEMA}:s:"
+        self._owner_prefix = f"{prefix}:{SCHEMA}:o:"
+        self._ttls = (str(int(session_ttl * 1000)), str(int(owner_ttl * 1000)))
+        self._load = self._redis.register_script(_LOAD)
+        self._apply = self._redis.register_script(_APPLY)
+        self._known: OrderedDict[str, SessionRecord | None] = OrderedDict()
+        """What this store last read or wrote of each session: the base of the next
+        compare-and-set, so the usual write needs no read first."""
+        self._max_known = max_known
+
+    async def load(self, query: Query) -> Facts:
+        keys = [query.session or "", *query.ids]
+        chain = query.ids.index(query.chain) + 1 if query.chain in query.ids else 0
+        reply = await self._load(keys, [self._session_prefix, self._owner_prefix, chain])
+        key = reply[0].decode() or None
+        record = _record(reply[1], reply[2])
+        owners = {k: unpack_owner(v) for k, v in zip(query.ids, reply[3:], strict=True) if v}
+        if key is not None:
+            self._remember(key, record)
+        return Facts(key, None if record is None else record.copy(), owners)
+
+    async def apply(self, writes: Sequence[Write], now: float) -> Applied:
+        sessions: OrderedDict[str, list[Commit | Finish]] = OrderedDict()
+        claims: list[tuple[str, bytes]] = []
+        forgets: list[str] = []
+        for write in writes:
+            if isinstance(write, Commit | Finish):
+                if write.turn.session_key is not None:
+                    sessions.setdefault(write.turn.session_key, []).append(write)
+            elif isinstance(write, Claim):
+                owner = pack_owner(write.owner)
+                claims.extend((key, owner) for key in write.keys)
+            elif isinstance(write, Forget):
+                forgets.append(write.session_key)
+        bases = {key: self._known.get(key) for key in sessions}
+        switches: list[tuple[str, str]] = []
+        for _ in range(MAX_CAS_ATTEMPTS):
+            planned = {key: _planned(bases[key], batch, now) for key, batch in sessions.items()}
+            args: list[Any] = [self._session_prefix, self._owner_prefix, *self._ttls,
+                               len(planned), len(claims), len(forgets)]
+            for key, (record, _) in planned.items():
+                base = bases[key]
+                args += [str(base.version if base else 0), str(record.version),
+                         pack_record(record)]
+            args += [owner for _, owner in claims]
+            keys = [*planned, *(key for key, _ in claims), *forgets]
+            conflicts = await self._apply(keys, args)
+            names = list(planned)
+            lost = {names[int(conflicts[i]) - 1]: _record(conflicts[i + 1], conflicts[i + 2])
+                    for i in range(0, len(conflicts), 3)}
+            for key, (record, moved) in planned.items():
+                if key not in lost:
+                    self._remember(key, record)
+                    switches += moved
+            for key in forgets:
+                self._remember(key, None)
+            if not lost:
+                return Applied(tuple(switches))
+            # Another replica wrote first: re-apply just the losing sessions on what it wrote.
+            sessions = OrderedDict((key, sessions[key]) for key in lost)
+            bases = lost
+            claims, forgets = [], []
+        raise RuntimeError(f"compare-and-set kept losing on {list(sessions)}")
+
+    async def ping(self) -> None:
+        await self._redis.ping()
+
+    async def close(self) -> None:
+        await self._redis.aclose()
+
+    def _remember(self, key: str, record: SessionRecord | None) -> None:
+        self._known[key] = record
+        self._known.move_to_end(key)
+        while len(self._known) > self._max_known:
+            self._known.popitem(last=False)
+
+
+def _record(version: bytes, data: bytes) -> SessionRecord | None:
+    return unpack_record(data, int(version)) if data else None
+
+
+def _planned(
+    base: SessionRecord | None, batch: list[Commit | Finish], now: float
+) -> tuple[SessionRecord, list[tuple[str, str]]]:
+    """``base`` with ``batch`` applied, one version up, and the switches the batch made."""
+    record = base
+    switches: list[tuple[str, str]] = []
+    for write in batch:
+        before = record.model if record is not None else None
+        record, moved = apply(record, write, now)
+        if moved and before is not None:
+            switches.append((before, record.model))
+    assert record is not None
+    record.version = (base.version if base else 0) + 1
+    return record, switches
+
