@@ -1,10 +1,13 @@
-# Two commands on a fresh machine: `make demo` and `make test`. Both (re)build the virtualenv.
+# Two commands on a fresh machine: `make demo` and `make test`. Both (re)build the virtualenv
+# and install the system packages the tests run for real (Debian's, with apt-get).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+SYSTEM_PACKAGES := redis-server
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install demo test bench eval lint clean
+.PHONY: install system demo test bench eval lint clean
 
 $(STAMP): pyproject.toml setup.py $(wildcard protos/*/*/*.proto)
 	$(PYTHON) -m venv $(VENV)
@@ -12,7 +15,15 @@ $(STAMP): pyproject.toml setup.py $(wildcard protos/*/*/*.proto)
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-install: $(STAMP)
+system:
+	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing $$missing"; \
+		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+			$(SUDO) apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
+install: $(STAMP) system
 
 demo: install
 	$(VENV)/bin/saar demo

@@ -27,6 +27,9 @@ class Server:
     host: str = "127.0.0.1"
     grpc_port: int = 9002
     http_port: int = 9090
+    drain_seconds: float = 1.0
+    """On SIGTERM: not ready for this long (Envoy's health check moves new streams to the
+    other replicas) before the server stops."""
 
 
 @dataclass(frozen=True)

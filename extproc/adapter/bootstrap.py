@@ -39,6 +39,9 @@ class EnvoyPorts:
     admin: int = 9901
     processor_host: str = "127.0.0.1"
     processor_port: int = 9002
+    replicas: tuple[int, ...] = ()
+    """More processor replicas' gRPC ports on ``processor_host``: Envoy balances the streams
+    over all of them (round robin), which share their state through the store."""
     listen_host: str = "127.0.0.1"
 
 
@@ -266,8 +269,12 @@ def _discovery(endpoints: tuple[str, ...]) -> str:
 def _processor_cluster(name: str, ports: EnvoyPorts) -> dict[str, Any]:
     """The processor, once per filter: observation (fail open) must never use up the streams
     of routing (fail closed). One stream per HTTP request, so the default limit of 1,024
-    concurrent requests would cap the proxy; it is lifted."""
-    endpoints = (f"{ports.processor_host}:{ports.processor_port}",)
+    concurrent requests would cap the proxy; it is lifted. Replicas are balanced round robin;
+    one that stops answering is ejected at its first failed connection and found by the gRPC
+    health check (``readiness``, which a draining replica turns off first)."""
+    endpoints = tuple(
+        f"{ports.processor_host}:{port}" for port in (ports.processor_port, *ports.replicas)
+    )
     limit = 1_000_000
     return {
         "name": name,
@@ -284,6 +291,22 @@ def _processor_cluster(name: str, ports: EnvoyPorts) -> dict[str, Any]:
                 "@type": HTTP_OPTIONS,
                 "explicit_http_config": {"http2_protocol_options": {}},
             }
+        },
+        "health_checks": [
+            {
+                "timeout": "0.5s",
+                "interval": "0.5s",
+                "unhealthy_threshold": 1,
+                "healthy_threshold": 1,
+                "grpc_health_check": {"service_name": "readiness"},
+            }
+        ],
+        "outlier_detection": {
+            "split_external_local_origin_errors": True,
+            "consecutive_local_origin_failure": 1,
+            "interval": "1s",
+            "base_ejection_time": "2s",
+            "max_ejection_percent": 100,
         },
         "load_assignment": _endpoints(name, endpoints),
     }

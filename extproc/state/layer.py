@@ -210,7 +210,9 @@ class StateLayer:
             self._recovery = asyncio.create_task(self._recover(), name="state-recover")
 
     async def _recover(self) -> None:
-        """Ping with backoff; once the store answers, replay the backlog, then mark it up."""
+        """Ping with backoff; once the store answers, seed it with the local records of the
+        sessions written meanwhile (where it lost them: a restart without persistence), replay
+        the backlog on top (idempotent: the seeds already hold those turns), then mark it up."""
         assert self.shared is not None
         delay = BACKOFF_START
         while True:
@@ -218,6 +220,9 @@ class StateLayer:
             delay = min(BACKOFF_MAX, delay * 2)
             try:
                 await asyncio.wait_for(self.shared.ping(), self._timeout * 4)
+                seeds = {key: record for key in self._dirty
+                         if (record := self.local.record(key)) is not None}
+                await asyncio.wait_for(self.shared.seed(seeds), self._timeout * 4)
                 while self._backlog:
                     batch = self._backlog[0]
                     await asyncio.wait_for(

@@ -7,7 +7,7 @@ serves while the shared store is unreachable. Everything is O(1) per request.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from cachetools import TTLCache
 
@@ -69,6 +69,11 @@ class MemoryStore:
 
     async def apply(self, writes: Sequence[Write], now: float) -> Applied:
         return self.apply_now(writes, now)
+
+    async def seed(self, records: Mapping[str, SessionRecord]) -> None:
+        for key, record in records.items():
+            if key not in self._sessions:
+                self.put(key, record)
 
     async def ping(self) -> None:
         return None

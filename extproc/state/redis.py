@@ -18,8 +18,10 @@ behind Sentinel or a managed endpoint is.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from redis.asyncio import Redis
@@ -40,7 +42,9 @@ from .records import (
 from .store import Applied, Facts, Query
 
 SCHEMA = "v1"
-MAX_CAS_ATTEMPTS = 8
+MAX_CAS_ATTEMPTS = 16
+"""Rounds of compare-and-set before giving up (the layer then keeps the writes for later):
+this replica's own writes to a session are serialised, so only other replicas race."""
 
 _LOAD = """
 local sp, op = ARGV[1], ARGV[2]
@@ -89,6 +93,21 @@ return conflicts
 """
 
 
+_SEED = """
+local sp, ttl = ARGV[1], ARGV[2]
+local seeded = 0
+for i = 1, #KEYS do
+  local key = sp .. KEYS[i]
+  if redis.call('EXISTS', key) == 0 then
+    redis.call('HSET', key, 'v', '1', 'd', ARGV[2 + i])
+    redis.call('PEXPIRE', key, ttl)
+    seeded = seeded + 1
+  end
+end
+return seeded
+"""
+
+
 class RedisStore:
     """``Store`` over Redis / Valkey (``redis://`` or ``rediss://`` URL)."""
 
@@ -108,6 +127,9 @@ class RedisStore:
         self._ttls = (str(int(session_ttl * 1000)), str(int(owner_ttl * 1000)))
         self._load = self._redis.register_script(_LOAD)
         self._apply = self._redis.register_script(_APPLY)
+        self._seed = self._redis.register_script(_SEED)
+        self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
+        """Session key → its lock and how many writers hold or wait for it."""
         self._known: OrderedDict[str, SessionRecord | None] = OrderedDict()
         """What this store last read or wrote of each session: the base of the next
         compare-and-set, so the usual write needs no read first."""
@@ -125,6 +147,34 @@ class RedisStore:
         return Facts(key, None if record is None else record.copy(), owners)
 
     async def apply(self, writes: Sequence[Write], now: float) -> Applied:
+        keys = sorted({w.turn.session_key for w in writes
+                       if isinstance(w, Commit | Finish) and w.turn.session_key is not None})
+        async with self._serialised(keys):
+            return await self._apply_all(writes, now)
+
+    @contextlib.asynccontextmanager
+    async def _serialised(self, keys: list[str]) -> AsyncIterator[None]:
+        """Hold this replica's lock of every session in ``keys`` (in order: no deadlock)."""
+        taken: list[str] = []
+        acquired: set[str] = set()
+        try:
+            for key in keys:
+                lock, users = self._locks.setdefault(key, (asyncio.Lock(), [0]))
+                users[0] += 1
+                taken.append(key)
+                await lock.acquire()
+                acquired.add(key)
+            yield
+        finally:
+            for key in reversed(taken):
+                lock, users = self._locks[key]
+                if key in acquired:
+                    lock.release()
+                users[0] -= 1
+                if not users[0]:
+                    del self._locks[key]
+
+    async def _apply_all(self, writes: Sequence[Write], now: float) -> Applied:
         sessions: OrderedDict[str, list[Commit | Finish]] = OrderedDict()
         claims: list[tuple[str, bytes]] = []
         forgets: list[str] = []
@@ -166,6 +216,14 @@ class RedisStore:
             bases = lost
             claims, forgets = [], []
         raise RuntimeError(f"compare-and-set kept losing on {list(sessions)}")
+
+    async def seed(self, records: Mapping[str, SessionRecord]) -> None:
+        if records:
+            args: list[Any] = [self._session_prefix, self._ttls[0],
+                               *(pack_record(r) for r in records.values())]
+            await self._seed(list(records), args)
+            for key in records:
+                self._known.pop(key, None)  # the next write reads what is there now
 
     async def ping(self) -> None:
         await self._redis.ping()

@@ -1,0 +1,148 @@
+"""The state layer in front of a real Redis / Valkey: timeouts, an outage, the write-back."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from extproc.dev.harness import Service, store_server
+from extproc.observability.metrics import Metrics
+from extproc.state.layer import StateLayer
+from extproc.state.memory import MemoryStore
+from extproc.state.records import Claim, Commit, Owner, Turn, owner_key
+from extproc.state.store import Query
+from extproc.types import Phase
+from tests.state.conftest import SERVERS, redis_store
+
+TIMEOUT = 0.05
+
+
+def turn(n: int, session: str = "t/s", model: str = "m1") -> Turn:
+    return Turn(f"rp-{n}", session, "t", model, "d", Phase.NORMAL, False, 10, float(n), "w1")
+
+
+def claim(call: str, model: str = "m1") -> Claim:
+    return Claim((owner_key("t", call),), Owner(model, "w1", "t/s"))
+
+
+def layer(url: str, prefix: str, metrics: Metrics | None = None) -> StateLayer:
+    clock = time.time
+    local = MemoryStore(clock=clock, max_sessions=1000, session_ttl=600, max_owned_ids=1000,
+                        owner_ttl=600)
+    return StateLayer(local, redis_store(url, prefix), clock=clock,
+                      metrics=metrics or Metrics(), timeout=TIMEOUT)
+
+
+@pytest.fixture(params=SERVERS)
+async def restartable(request, tmp_path) -> AsyncIterator[tuple[Service, str]]:
+    """A server of this test's own, to stop and start again on the same port."""
+    with store_server(request.param, tmp_path) as running:
+        yield running
+
+
+async def wait_for(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+async def test_a_layer_without_a_shared_store_is_the_local_store():
+    local = MemoryStore(clock=time.time, max_sessions=10, session_ttl=60, max_owned_ids=10,
+                        owner_ttl=60)
+    state = StateLayer(local, None, clock=time.time, metrics=Metrics())
+    await state.apply([Commit(turn(1)), claim("c")])
+    facts = await state.load(Query("t/s", (owner_key("t", "c"),)))
+    assert facts.session.turns == 1 and facts.owners
+    assert state.up
+
+
+async def test_a_new_replica_serves_the_locks_from_its_first_request(servers, prefix):
+    """Warm start: whatever one replica wrote, a replica started later loads."""
+    url = servers("redis")[1]
+    first = layer(url, prefix)
+    first.start()
+    await first.apply([Commit(turn(1)), claim("call_1", "m2")])
+    await first.stop()
+    fresh = layer(url, prefix)
+    facts = await fresh.load(Query("t/s", (owner_key("t", "call_1"),)))
+    assert facts.session.turns == 1
+    assert facts.owners[owner_key("t", "call_1")].model == "m2"
+    await fresh.stop()
+
+
+async def test_sent_writes_reach_the_store_in_order(servers, prefix):
+    url = servers("valkey")[1]
+    state, reader = layer(url, prefix), layer(url, prefix)
+    state.start()
+    for n in range(1, 6):
+        state.send([Commit(turn(n))])
+    await state.stop()  # drains what was sent
+    recent = (await reader.load(Query("t/s"))).session.recent
+    assert recent[-5:] == [f"rp-{n}" for n in range(1, 6)]
+    await reader.stop()
+
+
+async def test_an_outage_serves_locally_then_writes_back_what_it_learnt(restartable):
+    """The store goes away mid-run: requests are served from local state at once, every lock
+    known here holds, the outage is counted, and once the store is back (empty: no
+    persistence) the backlog is written so another replica sees everything."""
+    service, url = restartable
+    metrics = Metrics()
+    state = layer(url, "o", metrics)
+    state.start()
+    await state.apply([Commit(turn(1)), claim("call_1")])
+    service.stop(kill=True)
+
+    started = time.perf_counter()
+    facts = await state.load(Query("t/s", (owner_key("t", "call_1"),)))
+    assert time.perf_counter() - started < 1.0  # bounded by the timeout, not a TCP timeout
+    assert not state.up
+    assert facts.session.turns == 1 and facts.owners  # the lock known locally holds
+    assert metrics.store_up._value.get() == 0
+    await state.apply([Commit(turn(2)), claim("call_2")])  # learnt during the outage
+    state.send([claim("call_3")])
+    await wait_for(lambda: metrics.store_backlog._value.get() >= 2)
+    errors = sum(s.value for m in metrics.store_errors.collect() for s in m.samples
+                 if s.name.endswith("_total"))
+    assert errors >= 1
+
+    service.start()
+    await wait_for(lambda: state.up)
+    assert metrics.store_backlog._value.get() == 0
+    other = layer(url, "o")
+    facts = await other.load(Query("t/s", tuple(owner_key("t", f"call_{n}") for n in (1, 2, 3))))
+    # The store came back empty: the session was seeded from the local copy, nothing lost.
+    assert (facts.session.turns, facts.session.recent) == (2, ["rp-1", "rp-2"])
+    assert set(facts.owners) == {owner_key("t", f"call_{n}") for n in (2, 3)}
+    assert (await state.load(Query("t/s", (owner_key("t", "call_1"),)))).owners  # still here
+    await other.stop()
+    await state.stop()
+
+
+async def test_a_lock_known_locally_survives_a_store_that_lost_it(restartable):
+    service, url = restartable
+    state = layer(url, "l")
+    state.start()
+    await state.apply([Commit(turn(1)), claim("call_1", "m2")])
+    service.stop()
+    service.start()  # a restart without persistence: the store forgot everything
+    facts = await state.load(Query("t/s", (owner_key("t", "call_1"),)))
+    assert facts.owners[owner_key("t", "call_1")].model == "m2"
+    assert facts.session is not None and facts.session.turns == 1
+    await state.stop()
+
+
+async def test_sessions_with_writes_waiting_are_served_from_the_local_copy(restartable):
+    service, url = restartable
+    state = layer(url, "d")
+    state.start()
+    await state.apply([Commit(turn(1))])
+    service.stop(kill=True)
+    await state.apply([Commit(turn(2))])
+    service.start()  # back, and empty, before the backlog has been written
+    assert (await state.load(Query("t/s"))).session.turns == 2
+    await state.stop()

@@ -1,0 +1,113 @@
+"""How writes land on a session record: the one implementation every store applies."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from extproc.state.records import (
+    Commit,
+    Finish,
+    Owner,
+    SessionRecord,
+    Turn,
+    apply,
+    pack_owner,
+    pack_record,
+    unpack_owner,
+    unpack_record,
+)
+from extproc.types import Phase, Usage
+
+
+def turn(n: int, model: str = "m1", switched: bool = False, worker: str | None = "w1") -> Turn:
+    return Turn(f"rp-{n}", "t/s", "t", model, "d", Phase.NORMAL, switched, 100 * n,
+                float(n), worker)
+
+
+def play(writes, record: SessionRecord | None = None) -> tuple[SessionRecord, int]:
+    switches = 0
+    for at, write in enumerate(writes):
+        record, moved = apply(record, write, 10.0 + at)
+        switches += moved
+    assert record is not None
+    return record, switches
+
+
+TOOL_ANSWER = dict(tool_calls=True, usage=Usage(500, 20, 400))
+
+
+@pytest.mark.parametrize(
+    ("name", "writes", "turns", "model", "phase", "switches", "worker"),
+    [
+        ("commit", [Commit(turn(1))], 1, "m1", Phase.NORMAL, 0, "w1"),
+        ("commit then finish", [Commit(turn(1)), Finish(turn(1), **TOOL_ANSWER)],
+         1, "m1", Phase.TOOL_LOOP, 0, "w1"),
+        ("finish first (the observer won the race)",
+         [Finish(turn(1), **TOOL_ANSWER), Commit(turn(1))], 1, "m1", Phase.TOOL_LOOP, 0, "w1"),
+        ("a commit twice lands once", [Commit(turn(1)), Commit(turn(1))],
+         1, "m1", Phase.NORMAL, 0, "w1"),
+        ("a switch", [Commit(turn(1)), Commit(turn(2, "m2", switched=True, worker="w9"))],
+         2, "m2", Phase.NORMAL, 1, "w9"),
+        ("a switch replayed after an outage counts once",
+         [Commit(turn(1)), Commit(turn(2, "m2", True)), Commit(turn(2, "m2", True))],
+         2, "m2", Phase.NORMAL, 1, "w1"),
+        ("two replicas both switched: the second finds it done",
+         [Commit(turn(1)), Commit(turn(2, "m2", True)), Commit(turn(3, "m2", True))],
+         3, "m2", Phase.NORMAL, 1, "w1"),
+        ("a late finish of an overtaken turn leaves the phase",
+         [Commit(turn(1)), Commit(turn(2)), Finish(turn(1), **TOOL_ANSWER)],
+         2, "m1", Phase.NORMAL, 0, "w1"),
+        ("the served worker rebinds after an early finish",
+         [Finish(turn(1, worker="picked")), Commit(turn(1, worker="served"))],
+         1, "m1", Phase.NORMAL, 0, "served"),
+        ("a finish never rebinds what the commit learnt",
+         [Commit(turn(1, worker="served")), Finish(turn(1, worker="picked"))],
+         1, "m1", Phase.NORMAL, 0, "served"),
+        ("a switch without a known worker drops the old binding",
+         [Commit(turn(1)), Commit(turn(2, "m2", True, worker=None))],
+         2, "m2", Phase.NORMAL, 1, None),
+    ],
+)
+def test_writes_on_a_record(name, writes, turns, model, phase, switches, worker):
+    record, counted = play(writes)
+    assert (record.turns, record.model, record.phase, counted, record.worker) == (
+        turns, model, phase, switches, worker), name
+    assert record.switches == switches
+
+
+def test_order_of_commit_and_finish_does_not_matter():
+    writes = [Commit(turn(1)), Finish(turn(1), **TOOL_ANSWER), Commit(turn(2)),
+              Finish(turn(2), usage=Usage(900, 30, 800))]
+    results = set()
+    for order in itertools.permutations(writes[:2]):
+        record, _ = play([*order, *writes[2:]])
+        results.add(pack_record(record))
+    assert len(results) == 1
+
+
+def test_finish_keeps_the_backends_usage_and_grows_the_context():
+    record, _ = play([Commit(turn(1)), Finish(turn(1), usage=Usage(5000, 70, 4096))])
+    assert (record.reported_prompt_tokens, record.reported_cached_tokens) == (5000, 4096)
+    assert record.context_tokens == 5070
+    assert record.reported_cache_ratio == pytest.approx(4096 / 5000)
+
+
+def test_apply_never_changes_the_record_it_is_given():
+    record, _ = play([Commit(turn(1))])
+    before = pack_record(record)
+    apply(record, Commit(turn(2, "m2", True)), 99.0)
+    assert pack_record(record) == before
+
+
+def test_wire_forms_round_trip():
+    record, _ = play([Commit(turn(1)), Commit(turn(2, "m2", True)), Finish(turn(2))])
+    again = unpack_record(pack_record(record), record.version)
+    assert again == record
+    owner = Owner("m", "10.0.0.1:80", "t/s")
+    assert unpack_owner(pack_owner(owner)) == owner
+    assert unpack_owner(pack_owner(Owner("m"))) == Owner("m")
+    assert Turn.from_wire(turn(3).to_wire()) == turn(3)
+    with pytest.raises(ValueError):
+        Turn.from_wire('["too", "short"]')
