@@ -1,0 +1,95 @@
+"""The chart lints and renders offline (helm-python-sdk: Helm's Go SDK, no helm binary), and its
+values schema and template checks refuse inconsistent values."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import helm_python
+import pytest
+
+from .support import CHART, VALUES_FILES, render_chart, values_of
+
+
+def _model(name: str) -> dict[str, Any]:
+    return {"name": name, "pool": {"selector": {"app": "model-server"}, "targetPorts": [8000]}}
+
+
+@pytest.mark.parametrize("name", sorted(VALUES_FILES))
+def test_lint_is_clean(name: str) -> None:
+    report = helm_python.lint(CHART, values_of(name), strict=True, kube_version="v1.37.0")
+    assert report["errors"] == []
+    problems = [m for m in report["messages"] if m["severity"] >= 2]   # warnings and errors
+    assert problems == [], problems
+
+
+def test_every_values_set_renders_the_same_kinds_of_object(rendered_all) -> None:
+    kinds = {name: {o["kind"] for o in m.objects} for name, m in rendered_all.items()}
+    base = {"ConfigMap", "Deployment", "Service", "ServiceAccount", "Role", "RoleBinding",
+            "PodDisruptionBudget", "InferencePool", "HTTPRoute"}
+    for name, found in kinds.items():
+        assert base <= found, (name, base - found)
+    assert "Secret" in kinds["default"]
+    assert "NetworkPolicy" in kinds["ha-redis"] and "NetworkPolicy" not in kinds["default"]
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"router": {"replicas": 0}}, "/router/replicas"),
+    ({"epp": {"failureMode": "Sometimes"}}, "/epp/failureMode"),
+    ({"bogus": True}, "bogus"),
+    ({"models": []}, "/models"),
+    ({"models": [{"name": "m"}]}, "pool"),
+    ({"models": [{"name": "m", "pool": {"selector": {}, "targetPorts": [8000]}}]}, "selector"),
+    ({"models": [{"name": "m", "pool": {"selector": {"app": "m"}, "targetPorts": [0]}}]},
+     "targetPorts"),
+    ({"models": [_model(f"m{i}") for i in range(17)]}, "/models"),
+    ({"config": {"server": {"grpc_port": 1}}}, "/config/server"),
+    ({"config": {"scheduling": {"discovery": {"mode": "static"}}}}, "/config/scheduling"),
+    ({"router": {"config": {"state": {"store": "memory"}}}}, "/router/config/state"),
+    ({"router": {"resources": {"requests": None}}}, "requests"),   # null drops the default
+    ({"probes": {"type": "exec"}}, "/probes/type"),
+    ({"redis": {"url": "http://not-redis:6379"}}, "/redis/url"),
+    ({"routing": {"modelHeader": "bad header"}}, "/routing/modelHeader"),
+    ({"image": {"digest": "sha256:short"}}, "/image/digest"),
+])
+def test_values_schema_rejects(values: dict[str, Any], message: str) -> None:
+    with pytest.raises(helm_python.HelmValuesError, match="schema") as caught:
+        render_chart(values)
+    assert message in str(caught.value)
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"models": [_model("a"), _model("a")]}, 'models: "a" is listed twice'),
+    ({"models": [_model("Qwen/X"), _model("qwen-x")]}, 'same Kubernetes name "qwen-x"'),
+    ({"models": [_model("///")]}, "no character usable"),
+    ({"routing": {"decisions": [{"name": "d", "modelRefs": [{"model": "gpt-9"}]}]}},
+     'unknown model "gpt-9"'),
+    ({"httpRoute": {"defaultModel": "gpt-9"}}, "is not the name of a model"),
+    ({"probes": {"type": "grpc"}}, "cannot speak TLS"),
+])
+def test_template_checks_refuse(values: dict[str, Any], message: str) -> None:
+    with pytest.raises(helm_python.HelmRenderError) as caught:
+        render_chart(values)
+    assert message in str(caught.value)
+
+
+def test_sixteen_models_and_a_default_rule_overflow_the_httproute() -> None:
+    models = [_model(f"m{i}") for i in range(16)]
+    decisions = [{"name": "d", "modelRefs": [{"model": "m0"}]}]
+    render_chart({"models": models, "routing": {"decisions": decisions}})   # 16 rules fit
+    with pytest.raises(helm_python.HelmRenderError, match="at most 16 rules"):
+        render_chart({"models": models, "routing": {"decisions": decisions},
+                      "httpRoute": {"defaultModel": "m0"}})
+
+
+def test_two_releases_in_one_namespace_share_no_object_name() -> None:
+    first, second = render_chart(release="alpha"), render_chart(release="beta")
+    for kind in {o["kind"] for o in first.objects}:
+        assert not first.names(kind) & second.names(kind), kind
+
+
+def test_user_values_do_not_leak_between_renders() -> None:
+    values = copy.deepcopy(values_of("ha-redis"))
+    render_chart(values)
+    assert values == values_of("ha-redis")
