@@ -19,7 +19,7 @@ from openai import OpenAI
 
 from extproc.dev.harness import Stack, run_stack
 from tests.e2e.agents import HARD, MESSAGES_TOOL, RESPONSES_TOOL, TOOL, Agent, agents
-from tests.e2e.conftest import e2e_config, get_json, violations
+from tests.e2e.conftest import e2e_config, violations
 
 pytestmark = pytest.mark.e2e
 
