@@ -170,6 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from .config import ConfigError
+
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
@@ -177,4 +179,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     for noisy in ("httpx", "httpx2", "openai", "anthropic"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except ConfigError as exc:
+        print(f"saar: {exc}", file=sys.stderr)
+        return 2

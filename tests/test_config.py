@@ -29,15 +29,16 @@ def test_example_loads_with_article_block_as_written():
          "routing.decisions[0].modelRefs[2].model: unknown model 'gpt-9'"),
         (lambda d: d["routing"]["decisions"][3]["algorithm"]["session_aware"].update(
             idle_timeout_seconds="soon"),
-         "routing.decisions[3].algorithm.session_aware.idle_timeout_seconds: expected a number"),
+         "routing.decisions[3].algorithm.session_aware.idle_timeout_seconds: "
+         "must be a valid number"),
         (lambda d: d["models"]["qwen3-8b"].pop("cluster"),
          "models.qwen3-8b.cluster: required key is missing"),
         (lambda d: d["routing"]["decisions"][0]["rules"].update(regex=["(unclosed"]),
          "routing.decisions[0].rules.regex[0]"),
         (lambda d: d["routing"].update(logical_models=["qwen3-8b"]), "also a physical model"),
-        (lambda d: d["limits"].update(max_body_bytes=True), "expected an integer"),
+        (lambda d: d["limits"].update(max_body_bytes=True), "must be a valid integer"),
         (lambda d: d["routing"]["decisions"][0]["algorithm"].update(type="static"),
-         "only 'session_aware'"),
+         "must be 'session_aware', got 'static'"),
     ],
 )
 def test_validation_names_file_and_key(example_data, mutate, message):
@@ -47,6 +48,52 @@ def test_validation_names_file_and_key(example_data, mutate, message):
         parse_config(data, source="saar.yaml")
     assert str(info.value).startswith("saar.yaml: ")
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d["models"]["qwen3-8b"].update(quality=7),
+         "models.qwen3-8b.quality: must be less than or equal to 1, got 7"),
+        (lambda d: d["models"]["qwen3-8b"].update(context_window=-1),
+         "models.qwen3-8b.context_window: must be greater than or equal to 1, got -1"),
+        (lambda d: d["server"].update(grpc_port=99999),
+         "server.grpc_port: must be less than or equal to 65535, got 99999"),
+        (lambda d: d.setdefault("scheduling", {}).update(scorers={"prefix": -3}),
+         "scheduling.scorers.prefix: must be greater than or equal to 0, got -3"),
+        (lambda d: d.setdefault("scheduling", {}).update(scrape_interval_seconds=0),
+         "scheduling.scrape_interval_seconds: must be greater than or equal to 0.01, got 0"),
+        (lambda d: d.setdefault("scheduling", {}).update(
+            admission={"pause_threshold": 0.7, "resume_target": 0.8}),
+         "scheduling.admission.pause_threshold: must be above resume_target (0.8)"),
+        (lambda d: d["memory"].update(max_sessions=0),
+         "memory.max_sessions: must be greater than or equal to 1, got 0"),
+        (lambda d: d.setdefault("state", {}).update(store="etcd"),
+         "state.store: must be 'memory' or 'redis', got 'etcd'"),
+        (lambda d: d["models"]["qwen3-8b"].update(endpoints=["no-port"]),
+         "models.qwen3-8b.endpoints[0]: must be host:port, got 'no-port'"),
+        (lambda d: d["routing"]["decisions"][0]["rules"].update(apis=["grpc"]),
+         "routing.decisions[0].rules.apis[0]: must be 'openai_chat', 'openai_responses' or"),
+    ],
+)
+def test_values_out_of_range_are_refused_with_their_key(example_data, mutate, message):
+    """Issue 9 item 18: ranges and literals, each error naming the file and dotted key."""
+    data = copy.deepcopy(example_data)
+    mutate(data)
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, source="saar.yaml")
+    assert f"saar.yaml: {message}" in str(info.value)
+
+
+def test_a_bad_config_fails_the_cli_without_a_traceback(tmp_path, capsys):
+    from extproc.cli import main
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("models: {m: {cluster: m, quality: 7}}\n")
+    assert main(["serve", "--config", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"saar: {bad}: models.m.quality: must be less than or equal to 1")
+    assert "Traceback" not in err
 
 
 def test_unreadable_file(tmp_path):

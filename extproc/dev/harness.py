@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import importlib.util
 import shutil
 import signal
@@ -169,7 +170,7 @@ def _store_service(kind: str, workdir: Path) -> tuple[Service, str]:
     port = free_port()
     argv = [store_binary(kind), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
             "--appendonly", "no", "--dir", str(workdir)]
-    return (Service(f"store-{kind}", argv, workdir, lambda p: wait_tcp(port, p)),
+    return (Service(f"store-{kind}", argv, workdir, functools.partial(wait_tcp, port)),
             f"redis://127.0.0.1:{port}/0")
 
 
@@ -245,7 +246,7 @@ def run_stack(
                     [sys.executable, "-m", "extproc", "sim-server", "--host", "127.0.0.1",
                      "--port", str(port), "--model", model_name,
                      "--instance-id", f"{model_name}-{index}", *sim_args, *extra],
-                    lambda p, port=port: wait_http(f"http://127.0.0.1:{port}/health", p),
+                    functools.partial(wait_http, f"http://127.0.0.1:{port}/health"),
                 )
                 workers.append(worker)
             model.pop("endpoints", None)
@@ -265,11 +266,10 @@ def run_stack(
             if processor is None:
                 argv = [sys.executable, "-m", "extproc", "serve", "--config", str(config_path),
                         "--grpc-port", str(grpc_port), "--http-port", str(http_port)]
-                service = spawn(name, argv, lambda p, h=http_port: wait_http(
-                    f"http://127.0.0.1:{h}/healthz", p))
+                service = spawn(name, argv, functools.partial(
+                    wait_http, f"http://127.0.0.1:{http_port}/healthz"))
             else:
-                service = spawn(name, processor(grpc_port),
-                                lambda p, g=grpc_port: wait_tcp(g, p))
+                service = spawn(name, processor(grpc_port), functools.partial(wait_tcp, grpc_port))
             processors.append(Processor(service, grpc_port, http_port))
         envoy_ports = EnvoyPorts(listen=free_port(), admin=free_port(),
                                  processor_port=ports[0][0],
@@ -282,7 +282,7 @@ def run_stack(
         envoy_yaml.write_text(yaml.safe_dump(envoy_doc, sort_keys=False))
         spawn("envoy", [envoy_binary(), "-c", str(envoy_yaml), "--log-level", "warn",
                         "--concurrency", "1", "--use-dynamic-base-id"],
-              lambda p: wait_http(f"http://127.0.0.1:{envoy_ports.admin}/ready", p))
+              functools.partial(wait_http, f"http://127.0.0.1:{envoy_ports.admin}/ready"))
         yield Stack(tmp, f"http://127.0.0.1:{envoy_ports.listen}", sims, config_path,
                     access_log, processors, store_service, store_url, services)
     finally:
