@@ -177,6 +177,9 @@ class Identity:
     tenant_header: HeaderName | None = None
     extra_session_headers: tuple[HeaderName, ...] = ()
     max_value_bytes: Annotated[StrictInt, Field(ge=16, le=4096)] = 256
+    tenant_secret_file: StrictStr | None = None
+    """The key of the tenant hash (at least 16 bytes). Without it, a replica with the Redis
+    store shares one kept there; a lone in-process router draws a random one."""
 
 
 @dataclass(frozen=True, config=_SCHEMA)

@@ -14,6 +14,8 @@ can name any session it likes but only ever reaches its own.
 
 from __future__ import annotations
 
+import hashlib
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
@@ -58,12 +60,15 @@ class IdentityReader:
     """Reads ``SessionIdentity`` from lower-cased request headers.
 
     ``tenant_header`` names a header set by a trusted filter in front of the processor (for example
-    an auth filter); without it the tenant is a hash of the caller's credential.
+    an auth filter); without it the tenant is a keyed hash of the caller's credential: with the
+    ``secret`` (shared by replicas, never in a record) nobody can test guesses of a credential
+    against a tenant id seen in a replay record.
     """
 
     tenant_header: str | None = None
     extra_session_headers: tuple[str, ...] = ()
     max_value_bytes: int = 256
+    secret: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False)
     _harnesses: tuple[HarnessHeaders, ...] = field(default=(), init=False, repr=False)
 
     def read(
@@ -115,8 +120,12 @@ class IdentityReader:
             return "t-" + tenant
         credential = headers.get("authorization") or headers.get("x-api-key")
         if credential:
-            return "k-" + xxhash.xxh3_64_hexdigest(credential.encode())
+            return "k-" + self.tenant_of(credential)
         return "anonymous"
+
+    def tenant_of(self, credential: str) -> str:
+        """The keyed hash a credential is known by (96 bits: no collision in practice)."""
+        return hashlib.blake2b(credential.encode(), key=self.secret, digest_size=12).hexdigest()
 
     def _cap(self, value: str) -> str:
         """Keep ids short and printable: a longer value, or one with control characters (the

@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 import xxhash
 
-from ..apis.request import parse_request
+from ..apis import parse_request
 from ..config import Config
 from ..errors import RoutingError, SessionPaused
 from ..observability.metrics import Metrics
@@ -93,14 +93,16 @@ class Router:
         clock: Clock = time.time,
         metrics: Metrics | None = None,
         selector: Selector | None = None,
+        secret: bytes | None = None,
     ) -> None:
+        """``secret`` keys the tenant hash (replicas share it); a random one by default."""
         self.config = config
         self.clock = clock
         self.metrics = metrics or Metrics()
+        identity = config.identity
         self.identity = IdentityReader(
-            config.identity.tenant_header,
-            config.identity.extra_session_headers,
-            config.identity.max_value_bytes,
+            identity.tenant_header, identity.extra_session_headers, identity.max_value_bytes,
+            **({"secret": secret} if secret else {}),
         )
         self.health = ModelHealth(
             clock=clock,

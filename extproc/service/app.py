@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import time
 from dataclasses import dataclass
 
 import grpc
@@ -16,6 +17,7 @@ from .._proto import replay_pb2_grpc
 from ..adapter.servicer import ExternalProcessor
 from ..config import Config
 from ..core.router import Router
+from ..observability.metrics import Metrics
 from ..state.layer import StateLayer
 from .http_api import build_http_app
 from .replay_service import ReplayService
@@ -52,8 +54,9 @@ class RunningService:
 
 async def start(config: Config, router: Router | None = None) -> RunningService:
     """Start both ports (port 0 picks a free one) and return once they accept connections."""
-    router = router or Router(config)
-    state = StateLayer.from_config(config, clock=router.clock, metrics=router.metrics)
+    metrics = router.metrics if router is not None else Metrics()
+    state = StateLayer.from_config(config, clock=time.time, metrics=metrics)
+    router = router or Router(config, metrics=metrics, secret=await state.tenant_secret(config))
     state.start()
     server = grpc.aio.server(
         options=[

@@ -22,16 +22,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from collections import deque
 from collections.abc import Awaitable, Sequence
+from pathlib import Path
 from typing import TypeVar
 
-from ..config import Config
+from ..config import Config, ConfigError
 from ..observability.metrics import Metrics
 from ..types import Clock
 from .memory import MemoryStore
 from .records import Write, session_of
+from .redis import RedisStore
 from .store import Applied, Facts, Query, Store
 
 log = logging.getLogger(__name__)
@@ -73,8 +76,6 @@ class StateLayer:
         """The layer ``config.state`` describes: local only, or local in front of Redis."""
         shared: Store | None = None
         if config.state.store == "redis":
-            from .redis import RedisStore  # the redis client only when configured
-
             shared = RedisStore(
                 config.state.redis_url,
                 prefix=config.state.key_prefix,
@@ -86,6 +87,26 @@ class StateLayer:
             MemoryStore.from_config(config, clock), shared, clock=clock, metrics=metrics,
             timeout=config.state.timeout_ms / 1000, max_backlog=config.state.max_backlog,
         )
+
+    async def tenant_secret(self, config: Config) -> bytes | None:
+        """The key of the tenant hash: the configured file's, else the one the shared store
+        keeps for every replica (None: the router draws its own)."""
+        path = config.identity.tenant_secret_file
+        if path:
+            secret = Path(path).read_bytes().strip()
+            if len(secret) < 16:
+                raise ConfigError(f"identity.tenant_secret_file: {path} holds fewer than 16 "
+                                  "bytes")
+            return secret
+        shared = self.shared
+        if isinstance(shared, RedisStore):
+            try:
+                return await asyncio.wait_for(
+                    shared.shared_secret(secrets.token_bytes(32)), self._timeout * 20)
+            except Exception as exc:
+                log.warning("no shared tenant secret (%s): tenants differ per replica until "
+                            "the store answers at a restart", exc)
+        return None
 
     @property
     def up(self) -> bool:

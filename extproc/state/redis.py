@@ -225,6 +225,13 @@ class RedisStore:
             for key in records:
                 self._known.pop(key, None)  # the next write reads what is there now
 
+    async def shared_secret(self, fresh: bytes) -> bytes:
+        """The secret every replica keys tenant hashes with: ``fresh`` if none is kept yet."""
+        key = f"{self._session_prefix[: -len('s:')]}secret"
+        await self._redis.set(key, fresh, nx=True)
+        kept = await self._redis.get(key)
+        return kept if isinstance(kept, bytes) and kept else fresh
+
     async def ping(self) -> None:
         await self._redis.ping()
 

@@ -64,3 +64,59 @@ def test_session_final(value, final):
 def test_codex_compaction_flag():
     assert reader.read({"x-codex-turn-metadata": '{"request_kind": "compaction"}'}).compaction
     assert not reader.read({"x-codex-turn-metadata": "not json"}).compaction
+
+
+def test_the_tenant_is_a_keyed_hash_of_the_credential():
+    """Issue 9 item 12: without the secret, a tenant id in a record reveals nothing."""
+    one, two = IdentityReader(secret=b"s" * 32), IdentityReader(secret=b"t" * 32)
+    headers = {"authorization": "Bearer alice"}
+    assert one.read(headers).tenant == IdentityReader(secret=b"s" * 32).read(headers).tenant
+    assert one.read(headers).tenant != two.read(headers).tenant
+    assert one.read(headers).tenant != one.read({"x-api-key": "bob"}).tenant
+    import xxhash
+
+    assert xxhash.xxh3_64_hexdigest(b"Bearer alice") not in one.read(headers).tenant
+
+
+def summary(**fields):
+    from extproc.types import Api, RequestSummary
+
+    return RequestSummary(Api.CHAT, "auto", False, 2, 10, **fields)
+
+
+@pytest.mark.parametrize(
+    ("headers", "fields", "session", "source"),
+    [
+        ({"x-session-id": "h"}, {"session_hint": "body"}, "h", "x-session-id"),
+        ({}, {"session_hint": "user_1_session_9", "session_hint_source": "metadata.user_id"},
+         "user_1_session_9", "metadata.user_id"),
+        ({}, {"session_hint": "conv-7", "session_hint_source": "prompt_cache_key"},
+         "conv-7", "prompt_cache_key"),
+        ({}, {"conversation": "ab12"}, "c-ab12", "conversation"),
+        # A chain names its session through the store, not the fingerprint of "go on".
+        ({}, {"conversation": "ab12", "previous_response_id": "resp_1"}, None, None),
+        ({}, {"session_hint": "hint", "conversation": "ab12"}, "hint", None),
+        ({}, {}, None, None),
+    ],
+)
+def test_the_body_names_a_session_below_the_headers(headers, fields, session, source):
+    identity = reader.read(headers, summary(**fields))
+    assert identity.session_id == session
+    if source is not None:
+        assert identity.source == source
+
+
+def test_a_chain_resolves_only_within_its_tenant():
+    from extproc.core.identity import chained
+
+    identity = reader.read({"authorization": "Bearer a"},
+                           summary(previous_response_id="resp_1"))
+    resolved = chained(identity, f"{identity.tenant}/s-9")
+    assert (resolved.session_id, resolved.source) == ("s-9", "chain")
+    assert chained(identity, "k-other/s-9").session_id is None
+
+
+def test_control_characters_never_reach_a_key():
+    """The store separates fields with NUL: an id holding one is hashed, like a long one."""
+    identity = reader.read({"x-session-id": "a\x00b"})
+    assert identity.session_id.startswith("h-") and "\x00" not in identity.key

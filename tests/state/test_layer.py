@@ -146,3 +146,22 @@ async def test_sessions_with_writes_waiting_are_served_from_the_local_copy(resta
     service.start()  # back, and empty, before the backlog has been written
     assert (await state.load(Query("t/s"))).session.turns == 2
     await state.stop()
+
+
+async def test_replicas_share_one_tenant_secret(servers, prefix, tmp_path):
+    from extproc.config import parse_config
+    from tests.conftest import session_config_data
+
+    config = parse_config(session_config_data())
+    url = servers("redis")[1]
+    one, two = layer(url, prefix), layer(url, prefix)
+    secret = await one.tenant_secret(config)
+    assert secret is not None and len(secret) == 32
+    assert await two.tenant_secret(config) == secret
+    path = tmp_path / "secret"
+    path.write_bytes(b"a-configured-secret-of-enough-bytes\n")
+    data = session_config_data()
+    data["identity"]["tenant_secret_file"] = str(path)
+    assert await one.tenant_secret(parse_config(data)) == b"a-configured-secret-of-enough-bytes"
+    await one.stop()
+    await two.stop()
