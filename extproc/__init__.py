@@ -4,8 +4,7 @@ The public surface is small: load a ``Config``, build a ``Router`` (the sans-IO 
 adapter, the evaluation matrix and the simulators all drive), and feed it requests and responses.
 """
 
-from .apis.request import parse_request
-from .apis.response import ResponseObserver
+from .apis import ResponseObserver, parse_request
 from .config import Config, ConfigError, load_config, parse_config
 from .core.router import Routed, Router
 from .core.saar import RoutingDecision, SaarEngine

@@ -25,7 +25,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 
-from ..apis.response import ResponseObserver
+from ..apis import ResponseObserver
 from ..core.router import Request, Routed, Router, api_for, issued, outcome_of
 from ..errors import MalformedRequest, RoutingError, SessionPaused
 from ..state.layer import StateLayer

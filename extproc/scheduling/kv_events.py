@@ -24,7 +24,7 @@ from typing import Any
 import msgpack
 import xxhash
 
-from ..apis.prompt import chain_hashes
+from ..apis import chain_hashes
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..apis.prompt import prompt_blocks, render_prompt
+from ..apis import prompt_blocks, render_prompt
 from ..config import Config
 from ..errors import ModelUnavailable, RateLimited
 from ..types import Clock, RequestSummary

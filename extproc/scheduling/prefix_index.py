@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from ..apis.request import CHARS_PER_TOKEN
+from ..apis import CHARS_PER_TOKEN
 from ..config import PrefixIndexConfig
 from .types import Worker
 

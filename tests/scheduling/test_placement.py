@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import orjson
 
-from extproc.apis.request import parse_request
+from extproc.apis import parse_request
 from extproc.config import Config
 from extproc.scheduling.placement import Pools, Prompt
 from extproc.types import Api

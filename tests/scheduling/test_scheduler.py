@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from extproc.apis.prompt import prompt_blocks
+from extproc.apis import prompt_blocks
 from extproc.config import Scheduling
 from extproc.scheduling.filters import SubsetFilter
 from extproc.scheduling.picker import MaxScorePicker

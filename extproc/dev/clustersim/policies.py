@@ -14,7 +14,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from ...apis.request import CHARS_PER_TOKEN
+from ...apis import CHARS_PER_TOKEN
 from ...config import Scheduling
 from ...scheduling.admission import AdmissionController
 from ...scheduling.prefix_index import ApproximatePrefixIndex

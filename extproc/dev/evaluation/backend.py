@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...apis.request import fingerprint
+from ...apis import fingerprint
 from ...config import Model
 from ...types import ResponseSummary, Usage
 from .oracle import Oracle

@@ -14,7 +14,7 @@ import secrets
 from collections import Counter
 from dataclasses import dataclass
 
-from ...apis.request import fingerprint
+from ...apis import fingerprint
 from ...types import RequestSummary
 
 VIOLATION_KINDS = ("previous_response", "tool_call", "provider_state")

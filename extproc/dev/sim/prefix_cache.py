@@ -17,7 +17,7 @@ from collections import OrderedDict
 from collections.abc import Collection, Sequence
 from typing import Any, Protocol
 
-from ...apis.prompt import chain_hashes
+from ...apis import chain_hashes
 
 TOKEN_CHARS = 4
 """A token is at most this many characters, matching the router's chars/4 context estimate."""

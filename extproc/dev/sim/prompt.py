@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import xxhash
 
-from ...apis.prompt import render_entries, render_prompt
+from ...apis import render_entries, render_prompt
 
 __all__ = ["generate_words", "render_entries", "render_prompt"]
 

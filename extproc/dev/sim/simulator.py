@@ -18,8 +18,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from ...apis.prompt import render_entries, render_prompt
-from ...apis.request import parse_request
+from ...apis import parse_request, render_entries, render_prompt
 from ...errors import RoutingError
 from ...scheduling.tokenizer import Tokenizer
 from ...types import API_PATHS, Api, RequestSummary

@@ -9,7 +9,7 @@ from dataclasses import replace
 import orjson
 import pytest
 
-from extproc.apis.request import parse_request
+from extproc.apis import parse_request
 from extproc.cli import main
 from extproc.core.selection import HybridSelector
 from extproc.dev.evaluation.backend import Reply

@@ -17,8 +17,7 @@ from aiohttp import web
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models, pre_tokenizers, trainers
 
-from extproc.apis.prompt import render_prompt
-from extproc.apis.request import parse_request
+from extproc.apis import parse_request, render_prompt
 from extproc.dev.sim.config import SimConfig, add_arguments
 from extproc.dev.sim.kv_publisher import KVEventPublisher
 from extproc.dev.sim.prefix_cache import PrefixCache, block_hashes

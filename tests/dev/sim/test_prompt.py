@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import orjson
 
-from extproc.apis.request import parse_request
+from extproc.apis import parse_request
 from extproc.dev.sim.prefix_cache import tokenize
 from extproc.dev.sim.prompt import generate_words, render_entries, render_prompt
 from extproc.types import Api

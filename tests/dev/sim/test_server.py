@@ -13,7 +13,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from extproc.apis.response import ResponseObserver
+from extproc.apis import ResponseObserver
 from extproc.dev.sim.oracle import VIOLATION_KINDS
 from extproc.types import Api, RequestSummary
 

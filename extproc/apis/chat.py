@@ -1,0 +1,138 @@
+"""OpenAI Chat Completions: ``messages[]`` in, a ``chat.completion`` (or its chunks) out.
+
+Tool state: an assistant message's ``tool_calls[].id``, answered by ``role: "tool"`` messages
+with ``tool_call_id`` (legacy ``role: "function"`` results carry no id). The results after the
+last assistant message are pending, even when harnesses add a user message beside them (system
+reminders). A final assistant message marked ``prefix: true`` (DeepSeek's prefix completion) or
+sent with ``continue_final_message`` (vLLM) is a prefill the model continues, not an answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from ..errors import MalformedRequest
+from ..types import ResponseSummary, Usage
+from .common import (
+    Facts,
+    Turn,
+    as_dict,
+    as_list,
+    canonical_json,
+    conversation,
+    count,
+    last_user_content,
+    latest,
+    name,
+    nonempty_str,
+    record_call,
+    text,
+)
+
+_RESULT_ROLES = ("tool", "function")
+
+
+def entries(body: dict[str, Any]) -> list[Any]:
+    return as_list(body.get("messages"))
+
+
+def system(body: dict[str, Any]) -> Any:
+    """Chat has no top-level system prompt: system messages render as turns."""
+    return None
+
+
+def parse(body: dict[str, Any]) -> Facts:
+    messages = entries(body)
+    if not messages:
+        raise MalformedRequest('"messages" must be a non-empty array')
+    call_ids: list[str] = []
+    answered = previous = -1  # the last assistant message, and the one before it
+    first_user = -1
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict):
+            raise MalformedRequest(f'"messages[{i}]" must be an object')
+        role = msg.get("role")
+        if role == "assistant":
+            answered, previous = i, answered
+            for call in as_list(msg.get("tool_calls")):
+                if isinstance(call, dict) and (call_id := nonempty_str(call.get("id"))):
+                    call_ids.append(call_id)
+        elif role == "user" and first_user < 0:
+            first_user = i
+    last = messages[-1]
+    if answered == len(messages) - 1 and (
+        last.get("prefix") is True or body.get("continue_final_message") is True
+    ):
+        answered = previous
+    results: list[str] = []
+    pending = 0
+    contents: list[Any] = []  # of the turn after the model's: tool outputs and user messages
+    for msg in reversed(messages[answered + 1 :]):
+        role = msg.get("role")
+        if role in _RESULT_ROLES:
+            pending += 1
+            if result_id := nonempty_str(msg.get("tool_call_id")):
+                results.append(result_id)
+            contents.append(msg.get("content"))
+        elif role == "user":
+            contents.append(msg.get("content"))
+    return Facts(
+        entries=len(messages),
+        tool_call_ids=tuple(call_ids),
+        tool_result_ids=tuple(reversed(results)),
+        tool_results=pending,
+        latest_text=latest(contents or [last_user_content(messages)]),
+        conversation=conversation(None, messages, first_user),
+    )
+
+
+def turns(message: dict[str, Any]) -> Iterator[Turn]:
+    role = message.get("role", "user")
+    role = role if isinstance(role, str) else "user"
+    content = text(message.get("content"))
+    if content:
+        yield role, content
+    for call in as_list(message.get("tool_calls")):
+        function = as_dict(as_dict(call).get("function"))
+        yield role, f"call {name(function.get('name'))} {canonical_json(function.get('arguments'))}"
+    if role == "tool":
+        yield role, f"result {name(message.get('tool_call_id'))}"
+
+
+# -- the answer ------------------------------------------------------------------------------
+
+
+def document(summary: ResponseSummary, doc: dict[str, Any]) -> None:
+    for choice in as_list(doc.get("choices")):
+        choice = as_dict(choice)
+        message = as_dict(choice.get("message"))
+        for call in as_list(message.get("tool_calls")):
+            call = as_dict(call)
+            record_call(summary, call.get("id"), as_dict(call.get("function")).get("name"))
+        summary.finish_reason = nonempty_str(choice.get("finish_reason")) or summary.finish_reason
+    _usage(summary, doc.get("usage"))
+
+
+def event(summary: ResponseSummary, chunk: dict[str, Any]) -> bool:
+    """A ``chat.completion.chunk``; the stream ends with ``data: [DONE]``, not an event."""
+    summary.model = nonempty_str(chunk.get("model")) or summary.model
+    for choice in as_list(chunk.get("choices")):
+        choice = as_dict(choice)
+        for call in as_list(as_dict(choice.get("delta")).get("tool_calls")):
+            call = as_dict(call)
+            if nonempty_str(call.get("id")):
+                record_call(summary, call["id"], as_dict(call.get("function")).get("name"))
+        summary.finish_reason = nonempty_str(choice.get("finish_reason")) or summary.finish_reason
+    _usage(summary, chunk.get("usage"))
+    return False
+
+
+def _usage(summary: ResponseSummary, usage: Any) -> None:
+    if not isinstance(usage, dict):
+        return
+    summary.usage = Usage(
+        prompt_tokens=count(usage.get("prompt_tokens")),
+        completion_tokens=count(usage.get("completion_tokens")),
+        cached_tokens=count(as_dict(usage.get("prompt_tokens_details")).get("cached_tokens")),
+    )

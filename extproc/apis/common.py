@@ -1,0 +1,200 @@
+"""What the three API modules share: the facts a body yields, and the readers of untrusted JSON.
+
+A body is client input and a response is upstream input: any field may hold any JSON type, and
+nesting goes as deep as orjson reads (1,024 levels, while it writes only 254). So every reader
+here checks types instead of trusting the schema, ids count only as non-empty strings (a list
+or an object would be unhashable downstream), and ``canonical_json`` never raises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import xxhash
+
+from ..types import ResponseSummary
+
+Turn = tuple[str, str]
+"""(role, text) of one rendered prompt turn."""
+
+LATEST_TEXT_CAP = 4096
+"""Characters of ``latest_text`` kept: the tail a classifier reads, and a bound on the work."""
+
+_TEXT_TYPES = ("text", "input_text", "output_text", "thinking", "summary_text", "reasoning_text")
+"""A tuple, not a set: ``in`` compares, so an unhashable ``type`` (a list) cannot raise."""
+_SYSTEM_ROLES = ("system", "developer")
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """What one API's body says beyond the fields every API shares (see ``RequestSummary``)."""
+
+    entries: int
+    tool_call_ids: tuple[str, ...] = ()
+    tool_result_ids: tuple[str, ...] = ()
+    tool_results: int = 0
+    provider_state: tuple[str, ...] = ()
+    latest_text: str = ""
+    conversation: str | None = None
+    session_hint: str | None = None
+    session_hint_source: str | None = None
+
+
+def fingerprint(kind: str, value: str) -> str:
+    """A short stable key for an opaque provider-bound blob (encrypted reasoning, a signature)."""
+    return f"{kind}:{xxhash.xxh3_64_hexdigest(value.encode())}"
+
+
+def nonempty_str(value: Any) -> str | None:
+    """``value`` if it is a non-empty string (the only kind of id, model or reason), else None."""
+    return value if isinstance(value, str) and value else None
+
+
+def hint(value: Any) -> str | None:
+    """A session hint from the body: a string, stripped; empty is none."""
+    return (value.strip() or None) if isinstance(value, str) else None
+
+
+def count(value: Any) -> int:
+    """A token count as reported: a non-negative JSON integer, anything else is 0."""
+    return value if type(value) is int and value > 0 else 0
+
+
+def record_call(summary: ResponseSummary, call_id: Any, tool: Any) -> None:
+    """A tool call the answer carries: its id (the model now owns it) and its name."""
+    if call_id := nonempty_str(call_id):
+        summary.tool_call_ids.append(call_id)
+    if isinstance(tool, str) and tool:
+        summary.tool_names.append(tool)
+
+
+def as_dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def text(content: Any) -> str:
+    """Text of a string, or of a list of strings and typed text blocks (others are skipped)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return ""
+    parts: list[str] = []
+    for block in content:
+        if isinstance(block, str):
+            parts.append(block)
+        elif isinstance(block, dict) and block.get("type") in _TEXT_TYPES:
+            value = block.get("text") or block.get("thinking")
+            parts.append(value if isinstance(value, str) else "")
+    return "\n".join(parts)
+
+
+def latest(contents_newest_first: Iterable[Any]) -> str:
+    """The newest turn's text: contents given newest first, joined oldest first, capped to the
+    last ``LATEST_TEXT_CAP`` characters; contents past the cap are never read."""
+    kept: list[str] = []
+    size = 0
+    for content in contents_newest_first:
+        if part := text(content):
+            kept.append(part[-(LATEST_TEXT_CAP - size) :])
+            size += len(kept[-1]) + 1
+            if size >= LATEST_TEXT_CAP:
+                break
+    return "\n".join(reversed(kept))[-LATEST_TEXT_CAP:]
+
+
+def last_user_content(entries: list[Any]) -> Any:
+    """The content of the last user entry: the newest turn's, when nothing follows the model."""
+    return next((e.get("content") for e in reversed(entries) if e.get("role") == "user"), None)
+
+
+def conversation(system: Any, entries: list[Any], first_user: int) -> str | None:
+    """Fingerprint of a conversation's opening: its system prompt (the top-level one and system
+    entries before the first user turn) and its first user turn, or None without a user turn.
+
+    Both are resent unchanged on every turn of one conversation however it grows, so the
+    fingerprint names the conversation for callers that name no session. Only these few
+    fields are read and hashed."""
+    if first_user < 0:
+        return None
+    opening = [text(system)]
+    opening += (text(e.get("content")) for e in entries[:first_user]
+                if e.get("role") in _SYSTEM_ROLES)
+    opening.append(text(entries[first_user].get("content")))
+    digest = xxhash.xxh3_64()
+    for part in opening:
+        data = part.encode()
+        digest.update(len(data).to_bytes(8, "little"))
+        digest.update(data)
+    return digest.hexdigest()
+
+
+def tool_names(tools: Any) -> tuple[str, ...]:
+    names = []
+    for tool in as_list(tools):
+        if not isinstance(tool, dict):
+            continue
+        name = tool.get("name") or as_dict(tool.get("function")).get("name") or tool.get("type")
+        if isinstance(name, str):
+            names.append(name)
+    return tuple(names)
+
+
+def name(value: Any) -> str:
+    """A tool name as rendered; anything but a string renders as a missing one."""
+    return value if isinstance(value, str) else "None"
+
+
+def canonical_json(value: Any) -> str:
+    """Tool arguments (or tool definitions) as one stable string, whether they arrived as a
+    JSON string or as an object: sorted keys, compact. Text that is not JSON stays as it is."""
+    if isinstance(value, str):
+        try:
+            value = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            return value
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+    except orjson.JSONEncodeError:
+        return _deep_json(value)
+
+
+def _deep_json(value: Any) -> str:
+    """What ``orjson.dumps(value, option=OPT_SORT_KEYS)`` writes, without its depth limit (254
+    levels, below the 1,024 it reads) or its 64-bit integers: an explicit stack, no recursion."""
+    out: list[str] = []
+    stack: list[Any] = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, _Raw):
+            out.append(item.text)
+        elif isinstance(item, dict):
+            tokens: list[Any] = [_Raw("{")]
+            for i, key in enumerate(sorted(item)):
+                tokens += [_Raw(("," if i else "") + _scalar(key) + ":"), item[key]]
+            stack += reversed([*tokens, _Raw("}")])
+        elif isinstance(item, list | tuple):
+            tokens = [_Raw("[")]
+            for i, element in enumerate(item):
+                tokens += [_Raw(","), element] if i else [element]
+            stack += reversed([*tokens, _Raw("]")])
+        else:
+            out.append(_scalar(item))
+    return "".join(out)
+
+
+@dataclass(frozen=True, slots=True)
+class _Raw:
+    """Punctuation on the stack, told apart from a string value."""
+
+    text: str
+
+
+def _scalar(value: Any) -> str:
+    return str(value) if type(value) is int else orjson.dumps(value).decode()

@@ -1,0 +1,145 @@
+"""The top-level ``model`` of a raw body, read and replaced without parsing the body.
+
+Re-serialising a parsed body changes more than its model: integers beyond 64 bits (orjson reads
+them as floats), duplicate keys (all but the last vanish), key order, escapes and whitespace.
+``rewrite_model`` splices the new model into the bytes the client sent instead, replacing the
+value of every top-level ``"model"`` key (an upstream may read the first of duplicate keys
+where orjson reads the last) and nothing else: nested objects keep their own ``"model"`` keys.
+``peek_model`` reads the top-level model as ``orjson.loads`` would (the last one wins), cheaply
+enough to reject an unknown model before parsing an 8 MiB body.
+
+Why it is cheap: one regex pass over the bytes finds every string that spells "model" (escapes
+included) followed by a colon, usually one. Whether such a key sits in the top-level object is
+its bracket depth outside strings, counted over the shorter side of the body with C-speed byte
+operations (escaped backslashes and quotes dropped, strings cut away), so the large
+``messages`` array in the middle of an agent body is only searched, never walked.
+"""
+
+from __future__ import annotations
+
+import re
+
+import orjson
+
+from ..errors import MalformedRequest, MissingModel
+from .common import nonempty_str
+
+_KEY = re.compile(
+    rb'"(?:m|\\u006[dD])(?:o|\\u006[fF])(?:d|\\u0064)(?:e|\\u0065)(?:l|\\u006[cC])"'
+    rb"[ \t\n\r]*:[ \t\n\r]*"
+)
+"""A string spelling "model" in any escapes, then a colon: a key, if its quote is not escaped."""
+_STRING = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"', re.DOTALL)
+_SCALAR = re.compile(rb"[-+.0-9A-Za-z]+")
+_TO_BRACKET = re.compile(rb'(?:[^"\[\]{}]++|"[^"\\]*+(?:\\.[^"\\]*+)*+")*+[\[\]{}]', re.DOTALL)
+"""Everything up to the next bracket outside strings, that bracket included."""
+
+
+def peek_model(raw: bytes) -> str | None:
+    """The top-level model string of a JSON object body, or None (none, not a string, or not
+    valid JSON as far as the scan could tell: ``parse_request`` has the last word)."""
+    try:
+        spans = _model_values(raw)
+    except MalformedRequest:
+        return None
+    if not spans:
+        return None
+    start, end = spans[-1]
+    try:
+        return nonempty_str(orjson.loads(raw[start:end]))
+    except orjson.JSONDecodeError:
+        return None
+
+
+def rewrite_model(raw: bytes, model: str) -> bytes:
+    """``raw`` with the value of every top-level ``"model"`` key replaced by ``model``, byte for
+    byte identical elsewhere. ``raw`` must be a valid JSON object (``parse_request`` accepted
+    it); ``MissingModel`` if it has no top-level model."""
+    spans = _model_values(raw)
+    if not spans:
+        raise MissingModel('request body has no top-level "model"')
+    value = orjson.dumps(model)
+    pieces: list[bytes] = []
+    done = 0
+    for start, end in spans:
+        pieces += (raw[done:start], value)
+        done = end
+    pieces.append(raw[done:])
+    return b"".join(pieces)
+
+
+def _model_values(raw: bytes) -> list[tuple[int, int]]:
+    """(start, end) of the value of every top-level "model" key, in order."""
+    keys = [m for m in _candidates(raw) if _unescaped(raw, m.start())]
+    middle = len(raw) // 2
+    left = [m for m in keys if m.start() < middle]
+    right = [m for m in keys if m.start() >= middle]
+    top = []
+    depth = 0
+    done = 0
+    for m in left:  # depth from the start: the brackets opened before the key
+        depth += _balance(raw[done : m.start()])
+        done = m.start()
+        if depth == 1:
+            top.append(m)
+    tail = []
+    closing = 0
+    done = len(raw)
+    for m in reversed(right):  # depth from the end: the brackets closed after the key
+        closing -= _balance(raw[m.start() : done])
+        done = m.start()
+        if closing == 1:
+            tail.append(m)
+    return [(m.end(), _value_end(raw, m.end())) for m in top + tail[::-1]]
+
+
+def _candidates(raw: bytes) -> list[re.Match[bytes]]:
+    """``_KEY`` matches. Serialisers never escape ASCII letters, so unless the body holds a
+    ``\\u006`` escape, a memchr-speed search for the plain spelling finds them all (the regex
+    pass costs three times as much)."""
+    if b"\\u006" in raw:
+        return list(_KEY.finditer(raw))
+    found = []
+    start = raw.find(b'"model"')
+    while start >= 0:
+        if key := _KEY.match(raw, start):
+            found.append(key)
+        start = raw.find(b'"model"', start + 7)
+    return found
+
+
+def _unescaped(raw: bytes, quote: int) -> bool:
+    """Whether the quote at ``quote`` is a real one: an even run of backslashes before it."""
+    start = quote
+    while start and raw[start - 1] == 0x5C:
+        start -= 1
+    return (quote - start) % 2 == 0
+
+
+def _balance(segment: bytes) -> int:
+    """Brackets opened minus closed outside strings, in a segment that starts and ends outside
+    strings. Once escaped backslashes and quotes are gone, every quote is real: the even pieces
+    between quotes are what lies outside strings."""
+    plain = segment.replace(b"\\\\", b"").replace(b'\\"', b"")
+    outside = b"".join(plain.split(b'"')[::2])
+    return outside.count(b"{") + outside.count(b"[") - outside.count(b"}") - outside.count(b"]")
+
+
+def _value_end(raw: bytes, start: int) -> int:
+    """The end of the JSON value at ``start``: a string or a scalar (the model), or a container
+    (a duplicate key's odd value: walked bracket by bracket, the rare case)."""
+    first = raw[start : start + 1]
+    pattern = _STRING if first == b'"' else None if first in (b"{", b"[") else _SCALAR
+    if pattern is not None:
+        match = pattern.match(raw, start)
+        if match is None:
+            raise MalformedRequest('request body has a malformed "model" value')
+        return match.end()
+    depth = 0
+    pos = start
+    while bracket := _TO_BRACKET.match(raw, pos):
+        pos = bracket.end()
+        depth += 1 if raw[pos - 1] in b"[{" else -1
+        if depth == 0:
+            return pos
+    raise MalformedRequest('request body has a malformed "model" value')
