@@ -3,6 +3,7 @@
     RoutingError                 (base; never raised directly)
     ├── MalformedRequest   400   body is not JSON, or not the shape of its API
     ├── MissingModel       400   no "model" field
+    ├── ContextTooLong     400   the context fits no candidate model's window
     ├── BodyTooLarge       413   body over ``limits.max_body_bytes``
     ├── UnknownModel       404   model is neither a logical nor a physical model
     ├── RateLimited        429   load shedding (carries Retry-After)
@@ -73,6 +74,13 @@ class MalformedRequest(RoutingError):
 class MissingModel(RoutingError):
     status = 400
     code = "missing_model"
+
+
+class ContextTooLong(RoutingError):
+    """Not a 503: retrying never makes a context shorter (SDKs retry 503s forever)."""
+
+    status = 400
+    code = "context_length_exceeded"
 
 
 class BodyTooLarge(RoutingError):

@@ -1,8 +1,10 @@
 """Which physical models currently have a working backend, learnt from upstream answers.
 
 Envoy health-checks endpoints; this only tells SAAR that a whole model is failing (consecutive
-5xx or no healthy upstream), so a locked session gets a clear 503 with Retry-After instead of
-having its state silently moved, and an unlocked one fails over.
+answers that mean the backend is unavailable: 502, 503, 504, or Anthropic's 529), so a locked
+session gets a clear 503 with Retry-After instead of having its state silently moved, and an
+unlocked one fails over. A 500 is not counted: a caller can provoke one with a bad request, and
+one caller must not take a model away from everyone.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import math
 from dataclasses import dataclass
 
 from ..types import Clock
+
+UNAVAILABLE = frozenset({502, 503, 504, 529})
 
 
 @dataclass(slots=True)
@@ -37,7 +41,7 @@ class ModelHealth:
 
     def record(self, model: str, status: int) -> None:
         health = self._models.setdefault(model, _ModelHealth())
-        if status < 500:
+        if status not in UNAVAILABLE:
             health.failures = 0
             return
         health.failures += 1

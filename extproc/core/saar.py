@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from ..config import Config, SessionAware
-from ..errors import ModelUnavailable, UnknownModel, shown
+from ..errors import ContextTooLong, ModelUnavailable, UnknownModel, shown
 from ..state.records import Owner, SessionRecord
 from ..types import Action, Clock, Phase, RequestSummary, SessionIdentity
 from .health import ModelHealth
@@ -203,6 +203,13 @@ class SaarEngine:
         terms = self._price(request, state, base, knobs, cached_tokens)
         current = next(t for t in terms if t.model == state.model)
         usable = [t for t in terms if t.available]
+        windows = {n: self._config.models[n].context_window for n in (t.model for t in terms)}
+        if not usable and max(windows.values()) < request.context_tokens:
+            raise ContextTooLong(
+                f"the context (about {request.context_tokens} tokens) exceeds the window of "
+                f"every model of decision {base.decision!r} (largest {max(windows.values())}); "
+                "shorten or compact it"
+            )
         if not usable:
             raise ModelUnavailable(
                 f"no backend of decision {base.decision!r} is available",

@@ -50,7 +50,8 @@ class Selector(Protocol):
 @dataclass(frozen=True, slots=True)
 class _CompiledDecision:
     decision: Decision
-    keywords: tuple[str, ...]
+    keywords: re.Pattern[str] | None
+    """Any keyword as a whole word or phrase, any case: "ok" never matches "token"."""
     patterns: tuple[re.Pattern[str], ...]
     has_rules: bool
 
@@ -64,7 +65,7 @@ class HybridSelector:
         self._decisions = tuple(
             _CompiledDecision(
                 d,
-                tuple(k.lower() for k in d.rules.keywords),
+                _words(d.rules.keywords),
                 tuple(re.compile(p, re.IGNORECASE) for p in d.rules.regex),
                 d.rules != Rules(),
             )
@@ -99,18 +100,25 @@ class HybridSelector:
 
     def match(self, request: RequestSummary, headers: Mapping[str, str]) -> Decision | None:
         """The highest-priority decision whose rules the request meets; rule-less ones excluded."""
-        text = request.latest_text.lower()
         for compiled in self._decisions:
-            if compiled.has_rules and _matches(compiled, request, headers, text):
+            if compiled.has_rules and _matches(compiled, request, headers):
                 return compiled.decision
         return None
 
 
+def _words(keywords: tuple[str, ...]) -> re.Pattern[str] | None:
+    """One pattern for every keyword, bounded by non-word characters on both sides."""
+    if not keywords:
+        return None
+    alternatives = "|".join(re.escape(k) for k in sorted(keywords, key=len, reverse=True))
+    return re.compile(rf"(?<!\w)(?:{alternatives})(?!\w)", re.IGNORECASE)
+
+
 def _matches(
-    compiled: _CompiledDecision, request: RequestSummary, headers: Mapping[str, str], text: str
+    compiled: _CompiledDecision, request: RequestSummary, headers: Mapping[str, str]
 ) -> bool:
     rules = compiled.decision.rules
-    if compiled.keywords and not any(k in text for k in compiled.keywords):
+    if compiled.keywords is not None and not compiled.keywords.search(request.latest_text):
         return False
     if compiled.patterns and not any(p.search(request.latest_text) for p in compiled.patterns):
         return False

@@ -18,7 +18,7 @@ new sessions are admitted oldest first, each to the worker with the most room
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -57,12 +57,20 @@ class AdmissionTick:
 
 class AdmissionController:
     def __init__(
-        self, config: Admission, *, clock: Clock, idle_ttl_seconds: float = 3600.0
+        self,
+        config: Admission,
+        *,
+        clock: Clock,
+        idle_ttl_seconds: float = 3600.0,
+        max_programs: int = 100_000,
     ) -> None:
+        """Disabled, it keeps nothing; enabled, at most ``max_programs`` sessions (the least
+        recently seen are forgotten first), each for ``idle_ttl_seconds`` after its last turn."""
         self.config = config
         self._clock = clock
         self._ttl = idle_ttl_seconds
-        self._programs: dict[str, _Program] = {}
+        self._max = max_programs
+        self._programs: OrderedDict[str, _Program] = OrderedDict()
         self._arrivals: dict[str, float] = {}
         """New sessions held, in arrival order (key -> when first held)."""
         self._capacity: dict[str, int] = {}
@@ -71,14 +79,16 @@ class AdmissionController:
     def turn_started(self, session_key: str | None, worker: str, prompt_tokens: int) -> None:
         """A turn was admitted to ``worker``: the program is REASONING and ACTIVE (admitting a
         held turn anyway, e.g. after the hold timed out, resumes it)."""
-        if session_key is None:
+        if session_key is None or not self.config.enabled:
             return
         self._arrivals.pop(session_key, None)
         program = self._programs.get(session_key)
         tokens = prompt_tokens + self.config.buffer_tokens
         if program is None:
             self._programs[session_key] = _Program(session_key, worker, tokens, True, self._clock())
+            self._bound()
             return
+        self._programs.move_to_end(session_key)
         program.worker, program.reasoning, program.last_seen = worker, True, self._clock()
         program.tokens = max(program.tokens, tokens) if program.started else tokens
         program.paused_at, program.resumed, program.started = None, False, True
@@ -89,18 +99,24 @@ class AdmissionController:
     ) -> None:
         """The response ended (a tool boundary): the program is ACTING, weighing what the
         response's usage says its context now is."""
-        if session_key is None:
+        if session_key is None or not self.config.enabled:
             return
         now = self._clock()
         tokens = prompt_tokens + completion_tokens + self.config.buffer_tokens
         program = self._programs.setdefault(
             session_key, _Program(session_key, worker, tokens, False, now)
         )
+        self._programs.move_to_end(session_key)
+        self._bound()
         program.worker, program.tokens, program.reasoning, program.last_seen = (
             worker, tokens, False, now
         )
         if program.pause_at_boundary:
             program.pause_at_boundary, program.paused_at = False, now
+
+    def _bound(self) -> None:
+        while len(self._programs) > self._max:
+            self._programs.popitem(last=False)
 
     def release(self, session_key: str | None) -> None:
         """The session ended (``x-dynamo-session-final``): forget it."""
@@ -168,6 +184,9 @@ class AdmissionController:
 
     def __len__(self) -> int:
         return len(self._programs)
+
+    def __contains__(self, session_key: object) -> bool:
+        return session_key in self._programs
 
     def tick(self, workers: Sequence[Worker]) -> AdmissionTick:
         """One control step over ``workers`` (every ``tick_seconds``, for one pool or all); a

@@ -85,7 +85,9 @@ class Pools:
             self.index = ApproximatePrefixIndex.from_config(prefix)
             self.tokens_per_block = max(1, prefix.chars_per_block // 4)
         self._chars_per_block = prefix.chars_per_block
-        self.admission = AdmissionController(scheduling.admission, clock=clock)
+        self.admission = AdmissionController(
+            scheduling.admission, clock=clock, max_programs=config.memory.max_sessions
+        )
         self.scheduler = from_config(
             scheduling, index=self.index, rng=rng or random.Random(),
             max_sessions=config.memory.max_sessions, prefer=self.admission.preferred_worker,

@@ -299,3 +299,25 @@ def test_a_session_that_outgrows_its_models_window_moves(session_config, clock):
     rec = driver.record(routed)
     assert (routed.model, rec["reason"]) == (STRONG, "context_window")
     assert rec["base"]["scores"].keys() == {STRONG}
+
+
+@pytest.mark.parametrize(("status", "down"), [(500, False), (400, False), (503, True),
+                                              (502, True), (504, True), (529, True)])
+def test_only_unavailability_takes_a_model_out(driver, status, down):
+    """Issue 9 item 5: three 500s a caller provoked with bad requests take nothing down."""
+    for _ in range(3):
+        driver.router.health.record(STRONG, status)
+    assert driver.router.health.available(STRONG) is not down
+
+
+def test_a_context_no_model_fits_is_a_400_not_a_retryable_503(session_config, clock):
+    """Issue 9 item 16: 503 + Retry-After makes SDKs retry forever; the context never fits."""
+    from extproc.errors import ContextTooLong
+
+    small = {n: replace(m, context_window=8_000) for n, m in session_config.models.items()}
+    driver = Driver(replace(session_config, models=small), clock)
+    driver.send(chat("summarise the day"))
+    with pytest.raises(ContextTooLong) as info:
+        driver.send(chat("summarise it again", context_chars=48_000))
+    assert (info.value.status, info.value.code) == (400, "context_length_exceeded")
+    assert info.value.retry_after is None

@@ -184,6 +184,17 @@ def test_a_worker_without_capacity_and_a_disabled_controller_do_nothing(
     reasoning(off, "r", 50_000)
     assert off.tick([W]) == AdmissionTick()
     assert not off.is_paused("a")
+    assert len(off) == 0  # issue 9 item 7: disabled, it keeps no program at all
+
+
+def test_programs_are_bounded_least_recent_first(clock: FakeClock) -> None:
+    ac = AdmissionController(Admission(enabled=True), clock=clock, max_programs=3)
+    for key in ("a", "b", "c"):
+        reasoning(ac, key, 100)
+    acting(ac, "a", 100)  # a is the most recent now
+    reasoning(ac, "d", 100)
+    assert len(ac) == 3
+    assert ("a" in ac, "b" in ac, "c" in ac, "d" in ac) == (True, False, True, True)
 
 
 TWO = [W, Worker("v", "m", block_size=16, num_blocks=625)]
