@@ -53,6 +53,21 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True, config=_SCHEMA)
+class Tls:
+    """TLS on the gRPC port: gateways reach an endpoint picker over TLS. Enabled without files,
+    the service makes a self-signed certificate at start; files are read again when they change
+    (a rotated Secret needs no restart). Off: plaintext, for a local Envoy."""
+
+    enabled: StrictBool = False
+    cert_file: StrictStr | None = None
+    key_file: StrictStr | None = None
+
+    def __post_init__(self) -> None:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file go together")
+
+
+@dataclass(frozen=True, config=_SCHEMA)
 class Server:
     host: StrictStr = "127.0.0.1"
     grpc_port: Port = 9002
@@ -60,6 +75,9 @@ class Server:
     drain_seconds: NonNegative = 1.0
     """On SIGTERM: not ready for this long (Envoy's health check moves new streams to the
     other replicas) before the server stops."""
+    tls: Tls = field(default_factory=Tls)
+    health_port: Port | None = None
+    """A plaintext port serving gRPC health only (kubelet's gRPC probes cannot speak TLS)."""
 
 
 @dataclass(frozen=True, config=_SCHEMA)
@@ -170,6 +188,9 @@ class Routing:
     logical_models: tuple[Name, ...] = ("auto",)
     cluster_header: HeaderName = "x-saar-cluster"
     decisions: tuple[Decision, ...] = ()
+    model_header: HeaderName = "x-gateway-model-name"
+    """Set to the physical model on every routed request: what HTTPRoute rules match to pick
+    that model's InferencePool (the client's copy is always removed)."""
 
 
 @dataclass(frozen=True, config=_SCHEMA)
@@ -276,6 +297,23 @@ class Admission:
 
 
 @dataclass(frozen=True, config=_SCHEMA)
+class Discovery:
+    """Where the workers come from: ``static`` (``models.*.endpoints`` / ``workers`` and the
+    workers file) or ``kubernetes`` (the ready pods an InferencePool selects, watched)."""
+
+    mode: Literal["static", "kubernetes"] = "static"
+    namespace: Name | None = None
+    """The InferencePool's namespace; default: this pod's (``POD_NAMESPACE``, else the
+    service account's)."""
+    inference_pool: Name | None = None
+    """The InferencePool (``inference.networking.k8s.io/v1``) whose pods are the workers."""
+
+    def __post_init__(self) -> None:
+        if self.mode == "kubernetes" and self.inference_pool is None:
+            raise ValueError("kubernetes discovery needs inference_pool")
+
+
+@dataclass(frozen=True, config=_SCHEMA)
 class Scheduling:
     """Worker scoring inside a model's pool (weights as the Gateway API Inference Extension)."""
 
@@ -301,6 +339,10 @@ class Scheduling:
     """YAML ``{model: [host:port, ...]}`` reloaded when it changes, without a restart."""
     prefix: PrefixIndexConfig = field(default_factory=PrefixIndexConfig)
     admission: Admission = field(default_factory=Admission)
+    discovery: Discovery = field(default_factory=Discovery)
+    pool_name: Name | None = None
+    """This process is the endpoint picker of that model's pool (``saar serve --pool-name``):
+    only its workers, a pick always sent."""
 
 
 @dataclass(frozen=True, config=_SCHEMA)
