@@ -22,10 +22,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import orjson
 import xxhash
 
-from ..apis import parse_request
+from ..apis import parse_request, peek_model, rewrite_model
 from ..config import Config
 from ..errors import RoutingError, SessionPaused
 from ..observability.metrics import Metrics
@@ -122,9 +121,14 @@ class Router:
     # -- the request path ------------------------------------------------------------------
 
     def read(self, api: Api, headers: Mapping[str, str], raw: bytes) -> Request:
-        """Parse once and say which facts to load. Raises ``RoutingError`` (counted)."""
+        """Parse once and say which facts to load. Raises ``RoutingError`` (counted). A model
+        nobody serves is refused before the parse: no one can make the router parse 8 MiB
+        bodies only to answer 404."""
         started = time.perf_counter()
         try:
+            named = peek_model(raw)
+            if named is not None:
+                self.engine.check_model(named)
             summary = parse_request(api, raw, max_body_bytes=self.config.limits.max_body_bytes)
         except RoutingError as exc:
             self.metrics.errors.labels(exc.code).inc()
@@ -186,8 +190,7 @@ class Router:
             self.metrics.worker_picks.labels(decision.model, placement.worker).inc()
         body = None
         if decision.model != summary.model:
-            summary.body["model"] = decision.model
-            body = orjson.dumps(summary.body)
+            body = rewrite_model(summary.raw, decision.model)
         self._count(summary.api, decision)
         self.metrics.decision_seconds.observe(time.perf_counter() - request.started)
         return Routed(

@@ -151,10 +151,14 @@ class SaarEngine:
 
     # -- steps -----------------------------------------------------------------------------
 
+    def check_model(self, model: str) -> None:
+        """``UnknownModel`` unless ``model`` is a logical or a physical model."""
+        if model not in self._logical and model not in self._config.models:
+            raise UnknownModel(f"The model `{shown(model)}` does not exist.")
+
     def _direct(self, request: RequestSummary, state: SessionRecord | None) -> RoutingDecision:
         """A physical model name goes to its own cluster; the session is still remembered."""
-        if request.model not in self._config.models:
-            raise UnknownModel(f"The model `{shown(request.model)}` does not exist.")
+        self.check_model(request.model)
         action = Action.NEW if state is None else (
             Action.KEEP if state.model == request.model else Action.SWITCH
         )
