@@ -22,9 +22,9 @@ from .common import (
     canonical_json,
     conversation,
     count,
+    label,
     last_user_content,
     latest,
-    name,
     nonempty_str,
     record_call,
     text,
@@ -95,9 +95,10 @@ def turns(message: dict[str, Any]) -> Iterator[Turn]:
         yield role, content
     for call in as_list(message.get("tool_calls")):
         function = as_dict(as_dict(call).get("function"))
-        yield role, f"call {name(function.get('name'))} {canonical_json(function.get('arguments'))}"
+        arguments = canonical_json(function.get("arguments"))
+        yield role, f"call {label(function.get('name'))} {arguments}"
     if role == "tool":
-        yield role, f"result {name(message.get('tool_call_id'))}"
+        yield role, f"result {label(message.get('tool_call_id'))}"
 
 
 # -- the answer ------------------------------------------------------------------------------

@@ -140,14 +140,14 @@ def tool_names(tools: Any) -> tuple[str, ...]:
     for tool in as_list(tools):
         if not isinstance(tool, dict):
             continue
-        name = tool.get("name") or as_dict(tool.get("function")).get("name") or tool.get("type")
-        if isinstance(name, str):
-            names.append(name)
+        found = tool.get("name") or as_dict(tool.get("function")).get("name") or tool.get("type")
+        if isinstance(found, str):
+            names.append(found)
     return tuple(names)
 
 
-def name(value: Any) -> str:
-    """A tool name as rendered; anything but a string renders as a missing one."""
+def label(value: Any) -> str:
+    """A tool name or id as the prompt renders it; anything but a string renders as missing."""
     return value if isinstance(value, str) else "None"
 
 

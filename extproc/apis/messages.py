@@ -25,9 +25,9 @@ from .common import (
     count,
     fingerprint,
     hint,
+    label,
     last_user_content,
     latest,
-    name,
     nonempty_str,
     record_call,
     text,
@@ -119,9 +119,9 @@ def turns(message: dict[str, Any]) -> Iterator[Turn]:
         if not isinstance(block, dict):
             continue
         if block.get("type") == "tool_use":
-            yield role, f"call {name(block.get('name'))} {canonical_json(block.get('input'))}"
+            yield role, f"call {label(block.get('name'))} {canonical_json(block.get('input'))}"
         elif block.get("type") == "tool_result":
-            result = f"result {name(block.get('tool_use_id'))}\n{text(block.get('content'))}"
+            result = f"result {label(block.get('tool_use_id'))}\n{text(block.get('content'))}"
             yield role, result
 
 

@@ -25,9 +25,9 @@ from .common import (
     count,
     fingerprint,
     hint,
+    label,
     last_user_content,
     latest,
-    name,
     nonempty_str,
     record_call,
     text,
@@ -113,9 +113,9 @@ def turns(item: dict[str, Any]) -> Iterator[Turn]:
         yield role if isinstance(role, str) else "user", text(item.get("content"))
     elif kind in ("function_call", "custom_tool_call"):
         arguments = item.get("arguments", item.get("input"))
-        yield "assistant", f"call {name(item.get('name'))} {canonical_json(arguments)}"
+        yield "assistant", f"call {label(item.get('name'))} {canonical_json(arguments)}"
     elif kind in ("function_call_output", "custom_tool_call_output"):
-        yield "tool", f"result {name(item.get('call_id'))}\n{text(item.get('output'))}"
+        yield "tool", f"result {label(item.get('call_id'))}\n{text(item.get('output'))}"
     elif kind == "reasoning":
         yield "reasoning", nonempty_str(item.get("encrypted_content")) or text(item.get("summary"))
 

@@ -74,21 +74,19 @@ def _model_values(raw: bytes) -> list[tuple[int, int]]:
     middle = len(raw) // 2
     left = [m for m in keys if m.start() < middle]
     right = [m for m in keys if m.start() >= middle]
-    top = []
-    depth = 0
-    done = 0
-    for m in left:  # depth from the start: the brackets opened before the key
+    top: list[re.Match[bytes]] = []
+    depth, done = 0, 0
+    for m in left:  # a key's depth: the brackets opened minus closed before it
         depth += _balance(raw[done : m.start()])
         done = m.start()
         if depth == 1:
             top.append(m)
-    tail = []
-    closing = 0
-    done = len(raw)
-    for m in reversed(right):  # depth from the end: the brackets closed after the key
-        closing -= _balance(raw[m.start() : done])
+    tail: list[re.Match[bytes]] = []
+    depth, done = 0, len(raw)
+    for m in reversed(right):  # or, as a JSON body balances, the closed minus opened after it
+        depth -= _balance(raw[m.start() : done])
         done = m.start()
-        if closing == 1:
+        if depth == 1:
             tail.append(m)
     return [(m.end(), _value_end(raw, m.end())) for m in top + tail[::-1]]
 
