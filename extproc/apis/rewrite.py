@@ -8,21 +8,27 @@ where orjson reads the last) and nothing else: nested objects keep their own ``"
 ``peek_model`` reads the top-level model as ``orjson.loads`` would (the last one wins), cheaply
 enough to reject an unknown model before parsing an 8 MiB body.
 
-Why it is cheap: one regex pass over the bytes finds every string that spells "model" (escapes
+Why it is cheap: one search over the bytes finds every string that spells "model" (escapes
 included) followed by a colon, usually one. Whether such a key sits in the top-level object is
 its bracket depth outside strings, counted over the shorter side of the body with C-speed byte
 operations (escaped backslashes and quotes dropped, strings cut away), so the large
-``messages`` array in the middle of an agent body is only searched, never walked.
+``messages`` array in the middle of an agent body is only searched, never walked. Each such key
+costs a few microseconds, so a body with more than ``MAX_MODEL_KEYS`` of them (nested ones
+included; no client sends that many, an attacker could send 700,000 in 8 MiB) is refused.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import orjson
 
 from ..errors import MalformedRequest, MissingModel
 from .common import nonempty_str
+
+MAX_MODEL_KEYS = 16_384
+"""Keys spelling "model" at any depth a body may hold: some 60 ms of scanning at most."""
 
 _KEY = re.compile(
     rb'"(?:m|\\u006[dD])(?:o|\\u006[fF])(?:d|\\u0064)(?:e|\\u0065)(?:l|\\u006[cC])"'
@@ -36,8 +42,9 @@ _TO_BRACKET = re.compile(rb'(?:[^"\[\]{}]++|"[^"\\]*+(?:\\.[^"\\]*+)*+")*+[\[\]{
 
 
 def peek_model(raw: bytes) -> str | None:
-    """The top-level model string of a JSON object body, or None (none, not a string, or not
-    valid JSON as far as the scan could tell: ``parse_request`` has the last word)."""
+    """The top-level model string of a JSON object body, or None (none, not a string, not
+    valid JSON as far as the scan could tell, or too many "model" keys: ``parse_request`` and
+    ``rewrite_model`` have the last word)."""
     try:
         spans = _model_values(raw)
     except MalformedRequest:
@@ -54,7 +61,8 @@ def peek_model(raw: bytes) -> str | None:
 def rewrite_model(raw: bytes, model: str) -> bytes:
     """``raw`` with the value of every top-level ``"model"`` key replaced by ``model``, byte for
     byte identical elsewhere. ``raw`` must be a valid JSON object (``parse_request`` accepted
-    it); ``MissingModel`` if it has no top-level model."""
+    it); ``MissingModel`` if it has no top-level model, ``MalformedRequest`` if it holds more
+    than ``MAX_MODEL_KEYS`` "model" keys."""
     spans = _model_values(raw)
     if not spans:
         raise MissingModel('request body has no top-level "model"')
@@ -96,13 +104,16 @@ def _candidates(raw: bytes) -> list[re.Match[bytes]]:
     ``\\u006`` escape, a memchr-speed search for the plain spelling finds them all (the regex
     pass costs three times as much)."""
     if b"\\u006" in raw:
-        return list(_KEY.finditer(raw))
-    found = []
-    start = raw.find(b'"model"')
-    while start >= 0:
-        if key := _KEY.match(raw, start):
-            found.append(key)
-        start = raw.find(b'"model"', start + 7)
+        found = list(itertools.islice(_KEY.finditer(raw), MAX_MODEL_KEYS + 1))
+    else:
+        found = []
+        start = raw.find(b'"model"')
+        while start >= 0 and len(found) <= MAX_MODEL_KEYS:
+            if key := _KEY.match(raw, start):
+                found.append(key)
+            start = raw.find(b'"model"', start + 7)
+    if len(found) > MAX_MODEL_KEYS:
+        raise MalformedRequest(f'request body has more than {MAX_MODEL_KEYS} "model" keys')
     return found
 
 

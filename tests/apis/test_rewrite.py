@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from extproc.apis import peek_model, rewrite_model
-from extproc.errors import MissingModel
+from extproc.apis.rewrite import MAX_MODEL_KEYS
+from extproc.errors import MalformedRequest, MissingModel
 from tests.apis.bodies import nested
 from tests.apis.generate import JsonText, join
 
@@ -79,6 +80,20 @@ def test_a_body_without_a_top_level_model_cannot_be_rewritten():
 ])
 def test_peek_model(raw: bytes, expected: str | None):
     assert peek_model(raw) == expected
+
+
+@pytest.mark.parametrize("spelling", [b'"model"', b'"mod\\u0065l"'])
+def test_a_body_with_too_many_model_keys_is_refused(spelling: bytes):
+    """Each "model" key costs the scan microseconds: 700,000 of them in 8 MiB would cost
+    seconds, so past ``MAX_MODEL_KEYS`` the body is malformed (no client sends so many)."""
+    def body(keys: int) -> bytes:
+        return b'{"model":"a","x":[' + b",".join([b"{%s:1}" % spelling] * (keys - 1)) + b"]}"
+
+    assert peek_model(body(MAX_MODEL_KEYS)) == "a"
+    assert orjson.loads(rewrite_model(body(MAX_MODEL_KEYS), "X"))["model"] == "X"
+    with pytest.raises(MalformedRequest, match="model"):
+        rewrite_model(body(MAX_MODEL_KEYS + 1), "X")
+    assert peek_model(body(MAX_MODEL_KEYS + 1)) is None
 
 
 def test_deep_nesting_before_and_after_the_model():
