@@ -1,4 +1,4 @@
-"""Chained block hashes for simulated prompts, and the workers' prefix cache fed by them.
+"""Chained block hashes for simulated prompts (the workers' KV tiers are keyed by them).
 
 The simulator never materialises text: a session's context is an append-only token stream and
 block ``i`` of it is named by who wrote it (``owner``) and ``i``. Hashes chain like vLLM's
@@ -9,8 +9,6 @@ sub-agent that inherits its parent's first ``k`` blocks shares exactly those has
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-from ..sim.prefix_cache import PrefixCache
 
 
 def chain(previous: int, *content: int) -> int:
@@ -56,31 +54,3 @@ class Stream:
         for index in range(have, wanted):
             previous = chain(previous, self.owner, index)
             self._hashes.append(previous)
-
-
-class BlockCache(PrefixCache):
-    """The simulator's ``PrefixCache`` driven by block hashes instead of text, with a capacity
-    that shrinks while running requests hold KV the cache cannot reuse (their output)."""
-
-    def __init__(self, *, block_size: int, num_gpu_blocks: int) -> None:
-        super().__init__(block_size=block_size, num_gpu_blocks=num_gpu_blocks)
-        self.total_blocks = num_gpu_blocks
-
-    def lookup_blocks(self, hashes: Sequence[int], tokens: int) -> int:
-        """Cached prefix in tokens, then cache every block; at least one token is computed."""
-        lookable = max(tokens - 1, 0) // self.block_size
-        hits = 0
-        for block_hash in hashes[:lookable]:
-            if block_hash not in self._blocks:
-                break
-            hits += 1
-        self._touch(hashes)
-        return hits * self.block_size
-
-    def insert_blocks(self, hashes: Sequence[int]) -> None:
-        self._touch(hashes)
-
-    def reserve(self, blocks: int) -> None:
-        """Leave ``blocks`` of the pool to running requests: LRU-evict the cache to fit."""
-        self.num_gpu_blocks = max(self.total_blocks - blocks, 1)
-        self._touch(())

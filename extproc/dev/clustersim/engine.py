@@ -5,17 +5,25 @@ prefill): each iteration decodes one token for every running request past its pr
 spends up to ``chunk_tokens`` on prefill. Prefill cost is per uncached prompt token, growing
 with context (attention); decode cost per iteration grows with batch size and with the KV the
 batch reads. A request enters the batch only if its whole KV (prompt and output) fits beside
-the running ones; cached blocks of finished requests fill the rest of the pool, LRU-evicted.
+the running ones; cached blocks of finished requests fill the rest of the pool, LRU-evicted
+into host memory (``tiers``). A request whose prefix sits in host memory waits in the batch for
+its blocks to land, then prefills only the rest; the batch keeps running meanwhile.
+
+The worker also takes the router's KV hints (``kv_hints``) and resolves each against what it
+knows of the session (``ownership``); it may ignore any of them.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from .blocks import BlockCache
+from .kv_hints import KvHint
+from .ownership import SessionBlocks
+from .tiers import KVListener, TieredKV
 
 
 @dataclass(frozen=True)
@@ -32,12 +40,29 @@ class CostModel:
     """Prefill tokens per iteration (vLLM's ``max_num_batched_tokens``)."""
     iterations_per_step: int = 8
     """Engine iterations simulated as one event; trades timing resolution for speed."""
+    cpu_tokens_per_s: float = 400_000.0
+    """Host-to-device KV copy rate: about 50 GB/s (one PCIe Gen5 x16 link in practice) at
+    ~127 KB of KV per token (62 layers, 8 KV heads of 128, FP8): 25 times the prefill rate.
+    TP4 has four links, but copies of small blocks and contention with compute get less; a
+    quarter of this (``--cpu-tokens-per-s 100000``) moves the hit rates by under half a point."""
+    disk_tokens_per_s: float = 50_000.0
+    """Disk-to-device rate: about 6 GB/s, one NVMe drive."""
 
 
 @dataclass(frozen=True)
 class WorkerSpec:
     capacity_tokens: int = 512_000
+    """The device KV pool."""
     max_batch: int = 64
+    cpu_tokens: int = 1_024_000
+    """Host-memory KV tier (0: none): twice the device pool, ~130 GB at 127 KB a token, what a
+    node with 1-2 TB of DRAM gives an offloading connector."""
+    disk_tokens: int = 0
+    """Disk KV tier under host memory (0: none)."""
+    offload: bool = True
+    """Device evictions go to host memory (plain LRU offload, no hints needed)."""
+    share_fraction: float = 0.2
+    """At most this share of the device pool is pinned by ``share`` hints."""
 
 
 @dataclass(slots=True, eq=False)
@@ -56,6 +81,11 @@ class SimRequest:
     priority: float = 0.0
     """Seconds of queue precedence (admission's demotion and resume boosts)."""
     cached_tokens: int = 0
+    """Prompt tokens not prefilled: found on the device or copied from a lower tier."""
+    lower_tokens: dict[str, int] = field(default_factory=dict)
+    """Of those, the tokens copied from CPU / DISK on this request's critical path."""
+    loaded_s: float = 0.0
+    """When its copied blocks are on the device: prefill starts no earlier."""
     prefill_left: int = 0
     produced: int = 0
     kv_blocks: int = 0
@@ -63,13 +93,22 @@ class SimRequest:
 
 
 class EngineWorker:
-    def __init__(self, address: str, spec: WorkerSpec, cost: CostModel, block_size: int) -> None:
+    def __init__(self, address: str, spec: WorkerSpec, cost: CostModel, block_size: int,
+                 listener: KVListener | None = None) -> None:
         self.address = address
         self.spec = spec
         self.cost = cost
         self.block_size = block_size
         self.total_blocks = spec.capacity_tokens // block_size
-        self.cache = BlockCache(block_size=block_size, num_gpu_blocks=self.total_blocks)
+        self.kv = TieredKV(block_size=block_size, device_blocks=self.total_blocks,
+                           cpu_blocks=spec.cpu_tokens // block_size,
+                           disk_blocks=spec.disk_tokens // block_size, offload=spec.offload,
+                           share_blocks=int(spec.share_fraction * self.total_blocks),
+                           cpu_tokens_per_s=cost.cpu_tokens_per_s,
+                           disk_tokens_per_s=cost.disk_tokens_per_s, listener=listener)
+        self.sessions = SessionBlocks()
+        self._here: Counter[str] = Counter()
+        """Requests of each session waiting or running here: its KV is in use."""
         self.running: list[SimRequest] = []
         self.busy = False
         self._waiting: list[tuple[float, int, SimRequest]] = []
@@ -91,19 +130,42 @@ class EngineWorker:
     def submit(self, request: SimRequest, now: float) -> None:
         self._seq += 1
         heapq.heappush(self._waiting, (now - request.priority, self._seq, request))
+        self._here[request.session] += 1
+        self.sessions.update(request.session, request.blocks)
 
-    def start_step(self) -> float | None:
+    def hint(self, hint: KvHint, now: float) -> bool:
+        """Apply a router hint if it can; False: ignored (an unknown session, nothing to move,
+        no room, or a demote of a session whose KV a request here is using)."""
+        session = hint.session
+        blocks = self.sessions.blocks(session)
+        if not blocks:
+            return False
+        match hint.kind:
+            case "share":
+                return self.kv.share(session, blocks[: hint.prefix_tokens // self.block_size])
+            case "prefetch":
+                return self.kv.prefetch(session, blocks, now)
+            case "demote":
+                return not self._here[session] and self.kv.demote(
+                    session, self.sessions.unique(session))
+            case "release":
+                keep = hint.prefix_tokens // self.block_size
+                self.kv.release(session, self.sessions.forget(session, keep))
+                return True
+
+    def start_step(self, now: float) -> float | None:
         """Admit what fits, plan the next macro-step and return its duration (None: idle)."""
-        self._admit()
+        self._admit(now)
         cost = self.cost
         self._decoders = [r for r in self.running if r.prefill_left == 0]
         self._plan = []
         budget = cost.chunk_tokens * cost.iterations_per_step
         prefill_s = 0.0
+        loading = [r.loaded_s for r in self.running if r.prefill_left and r.loaded_s > now]
         for request in self.running:
             if budget == 0:
                 break
-            if request.prefill_left:
+            if request.prefill_left and request.loaded_s <= now:
                 take = min(request.prefill_left, budget)
                 context = request.prompt_tokens - request.prefill_left + take / 2
                 prefill_s += take * (cost.prefill_s_per_token
@@ -111,8 +173,8 @@ class EngineWorker:
                 budget -= take
                 self._plan.append((request, take))
         if not self._decoders and not self._plan:
-            self.busy = False
-            return None
+            self.busy = bool(loading)
+            return min(loading) - now if loading else None
         self.busy = True
         if self._decoders:
             remaining = max(r.output_tokens - r.produced for r in self._decoders)
@@ -143,23 +205,31 @@ class EngineWorker:
             self.running.remove(request)
             self._kv_blocks -= request.kv_blocks
             self._reserved -= request.kv_blocks - len(request.blocks)
-            self.cache.insert_blocks(request.done_blocks)
+            self._here[request.session] -= 1
+            if not self._here[request.session]:
+                del self._here[request.session]
+            self.sessions.update(request.session, request.done_blocks)
+            self.kv.touch(request.done_blocks)
         if done:
-            self.cache.reserve(self._reserved)
+            self.kv.reserve(self._reserved)
         return first, done
 
-    def _admit(self) -> None:
+    def _admit(self, now: float) -> None:
         while self._waiting and len(self.running) < self.spec.max_batch:
             request = self._waiting[0][2]
             need = -(-(request.prompt_tokens + request.output_tokens) // self.block_size)
             if self.running and self._kv_blocks + need > self.total_blocks:
                 return
             heapq.heappop(self._waiting)
-            request.cached_tokens = self.cache.lookup_blocks(request.blocks,
-                                                             request.prompt_tokens)
+            lookable = max(request.prompt_tokens - 1, 0) // self.block_size
+            found = self.kv.lookup(request.blocks, lookable, now)
+            size = self.block_size
+            request.lower_tokens = {m: n * size for m, n in found.lower.items()}
+            request.cached_tokens = found.device * size + sum(request.lower_tokens.values())
+            request.loaded_s = found.ready_s
             request.prefill_left = request.prompt_tokens - request.cached_tokens
             request.kv_blocks = need
             self._kv_blocks += need
             self._reserved += need - len(request.blocks)
-            self.cache.reserve(self._reserved)
+            self.kv.reserve(self._reserved)
             self.running.append(request)

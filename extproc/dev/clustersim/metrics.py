@@ -1,9 +1,21 @@
-"""What one simulated run measured, and its summary in the report's units."""
+"""What one simulated run measured, and its summary in the report's units.
+
+A *prefix hit* is a prompt token the worker did not prefill: its KV was on the device when the
+request was scheduled (``GPU``), or in host memory or on disk and copied to the device while the
+request waited (``CPU`` / ``DISK``: no prefill, but a transfer on its critical path; a prefetch
+that landed before the request was scheduled counts as a device hit). ``prefix_hit_rate`` counts
+all three; ``hit_by_tier`` splits it.
+"""
 
 from __future__ import annotations
 
 import math
+from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from ...scheduling.kv_events import BlockRemoved, BlockStored, KVEvent
+from .tiers import CPU, DISK, GPU
 
 
 @dataclass
@@ -12,6 +24,8 @@ class RunMetrics:
     turns: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    lower_tokens: Counter[str] = field(default_factory=Counter)
+    """Of ``cached_tokens``, those copied from CPU / DISK on the critical path."""
     output_tokens: int = 0
     reprefill_tokens: int = 0
     """Prompt tokens computed again although this session (or the parent it inherited from)
@@ -21,34 +35,62 @@ class RunMetrics:
     """TTFT samples still waiting at the horizon, counted with their wait so far."""
     held_turns: int = 0
     max_paused: int = 0
+    hints: Counter[str] = field(default_factory=Counter)
+    """Hints delivered, by kind, and ``<kind>_ignored`` for those the engine did not apply."""
+    kv_blocks: Counter[str] = field(default_factory=Counter)
+    """Blocks in the workers' KV events, by ``stored|removed`` and medium (``stored CPU``)."""
 
-    def turn_done(self, prompt: int, cached: int, output: int, reprefill: int) -> None:
+    def turn_done(self, prompt: int, cached: int, lower: Mapping[str, int], output: int,
+                  reprefill: int) -> None:
         self.turns += 1
         self.prompt_tokens += prompt
         self.cached_tokens += cached
+        self.lower_tokens.update(lower)
         self.output_tokens += output
         self.reprefill_tokens += reprefill
 
-    def summary(self) -> dict[str, float]:
-        """The report's fields: throughput counts prompt and output tokens of completed turns."""
-        duration = max(self.duration_s, 1e-9)
-        return {
-            "prefix_hit_rate": round(self.cached_tokens / max(self.prompt_tokens, 1), 4),
-            "throughput_tok_s": round((self.prompt_tokens + self.output_tokens) / duration, 1),
-            "ttft_p50_s": round(percentile(self.ttfts, 0.50), 3),
-            "ttft_p99_s": round(percentile(self.ttfts, 0.99), 3),
-            "reprefill_tokens": self.reprefill_tokens,
-        }
+    def hint(self, kind: str, taken: bool) -> None:
+        self.hints[kind if taken else f"{kind}_ignored"] += 1
 
-    def extra(self) -> dict[str, float]:
-        """Context for the table: output rate, turns, admission activity."""
-        duration = max(self.duration_s, 1e-9)
+    def kv_event(self, event: KVEvent) -> None:
+        if isinstance(event, BlockStored):
+            self.kv_blocks[f"stored {event.medium}"] += len(event.block_hashes)
+        elif isinstance(event, BlockRemoved):
+            self.kv_blocks[f"removed {event.medium}"] += len(event.block_hashes)
+
+    @property
+    def hit_rate(self) -> float:
+        return self.cached_tokens / max(self.prompt_tokens, 1)
+
+    def hit_by_tier(self) -> dict[str, float]:
+        prompt = max(self.prompt_tokens, 1)
+        lower = sum(self.lower_tokens.values())
+        return {GPU: (self.cached_tokens - lower) / prompt, CPU: self.lower_tokens[CPU] / prompt,
+                DISK: self.lower_tokens[DISK] / prompt}
+
+    @property
+    def throughput(self) -> float:
+        """Prompt and output tokens of completed turns per second."""
+        return (self.prompt_tokens + self.output_tokens) / max(self.duration_s, 1e-9)
+
+    @property
+    def output_rate(self) -> float:
+        return self.output_tokens / max(self.duration_s, 1e-9)
+
+    def ttft(self, q: float) -> float:
+        return percentile(self.ttfts, q)
+
+    def summary(self) -> dict[str, object]:
+        """The report's fields (JSON)."""
         return {
-            "output_tok_s": round(self.output_tokens / duration, 1),
-            "turns": self.turns,
-            "held_turns": self.held_turns,
-            "max_paused": self.max_paused,
-            "censored": self.censored,
+            "prefix_hit_rate": round(self.hit_rate, 4),
+            "hit_by_tier": {m: round(v, 4) for m, v in self.hit_by_tier().items()},
+            "throughput_tok_s": round(self.throughput, 1),
+            "ttft_p50_s": round(self.ttft(0.50), 3),
+            "ttft_p99_s": round(self.ttft(0.99), 3),
+            "reprefill_tokens": self.reprefill_tokens,
+            "hints": dict(sorted(self.hints.items())),
+            "kv_event_blocks": dict(sorted(self.kv_blocks.items())),
         }
 
 

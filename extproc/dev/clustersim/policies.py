@@ -3,16 +3,19 @@
 ``kv_aware`` is the ``Scheduler`` the server builds from the default ``scheduling`` config
 (prefix, queue, KV-utilization and session-affinity scorers over an approximate prefix index
 that learns only from its own picks); ``kv_aware_admission`` adds the server's
-``AdmissionController``, wired into the Scheduler as ``Pools`` wires it. ``least_loaded`` is the
-same Scheduler with only the load scorers (queue and KV utilization: the "load-only"
-baseline); ``round_robin`` is the one local picker.
+``AdmissionController``, wired into the Scheduler as ``Pools`` wires it;
+``kv_aware_admission_hints`` adds a ``KvHintEmitter`` that turns admission's pauses, resumes and
+session ends, and the prefixes routing finds shared, into KV hints for the engines, and sends a
+resumed session's turn where its KV was prefetched.
+``least_loaded`` is the same Scheduler with only the load scorers (queue and KV utilization:
+the "load-only" baseline); ``round_robin`` is the one local picker.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from ...apis import CHARS_PER_TOKEN
 from ...config import Scheduling
@@ -20,21 +23,31 @@ from ...scheduling.admission import AdmissionController
 from ...scheduling.prefix_index import ApproximatePrefixIndex
 from ...scheduling.scheduler import Scheduler, from_config
 from ...scheduling.types import SchedulingRequest, Worker
+from .kv_hints import KvHintEmitter
 
-POLICIES = ("round_robin", "least_loaded", "kv_aware", "kv_aware_admission")
+POLICIES = ("round_robin", "least_loaded", "kv_aware", "kv_aware_admission",
+            "kv_aware_admission_hints")
+
+
+@dataclass(frozen=True, slots=True)
+class Pick:
+    address: str
+    matched_tokens: int = 0
+    """What the prefix index matched of the prompt on ``address`` before this request."""
 
 
 class RoundRobin:
     name = "round_robin"
     admission: AdmissionController | None = None
+    hints: KvHintEmitter | None = None
     tick_s = 0.0
 
     def __init__(self) -> None:
         self._next = 0
 
-    def route(self, request: SchedulingRequest, workers: Sequence[Worker]) -> str:
+    def route(self, request: SchedulingRequest, workers: Sequence[Worker]) -> Pick:
         self._next += 1
-        return workers[(self._next - 1) % len(workers)].address
+        return Pick(workers[(self._next - 1) % len(workers)].address)
 
 
 class SchedulerPolicy:
@@ -42,20 +55,24 @@ class SchedulerPolicy:
     server sizes it on each scrape."""
 
     def __init__(self, name: str, scheduler: Scheduler, index: ApproximatePrefixIndex,
-                 admission: AdmissionController | None = None, tick_s: float = 0.0) -> None:
+                 admission: AdmissionController | None = None, tick_s: float = 0.0,
+                 hints: KvHintEmitter | None = None) -> None:
         self.name = name
         self.scheduler = scheduler
         self.index = index
         self.admission = admission
         self.tick_s = tick_s
+        self.hints = hints
 
-    def route(self, request: SchedulingRequest, workers: Sequence[Worker]) -> str:
+    def route(self, request: SchedulingRequest, workers: Sequence[Worker]) -> Pick:
         for worker in workers:
             self.index.resize(worker)
-        ordered = self.scheduler.schedule(request, workers).ordered
-        if not ordered:
+        result = self.scheduler.schedule(request, workers)
+        if not result.ordered:
             raise RuntimeError(f"{self.name}: no worker picked")
-        return ordered[0]
+        address = result.ordered[0]
+        tokens = self.index.chars_per_block // CHARS_PER_TOKEN
+        return Pick(address, result.matched_blocks.get(address, 0) * tokens)
 
 
 def build_policy(name: str, *, scheduling: Scheduling, block_size: int, seed: int,
@@ -73,11 +90,26 @@ def build_policy(name: str, *, scheduling: Scheduling, block_size: int, seed: in
         scheduling = replace(scheduling, scorers=load or {"queue": 1.0})
     index = ApproximatePrefixIndex.from_config(scheduling.prefix)
     rng = random.Random(seed)
-    if name != "kv_aware_admission":
+    if not name.startswith("kv_aware_admission"):
         scheduler = from_config(scheduling, index=index, rng=rng, clock=clock)
         return SchedulerPolicy(name, scheduler, index)
     admission = replace(scheduling.admission, enabled=True)
     controller = AdmissionController(admission, clock=clock)
-    scheduler = from_config(scheduling, index=index, rng=rng, clock=clock,
-                            prefer=controller.preferred_worker)
-    return SchedulerPolicy(name, scheduler, index, controller, admission.tick_seconds)
+    hints = KvHintEmitter() if name == "kv_aware_admission_hints" else None
+    prefer = controller.preferred_worker if hints is None else _after_prefetch(controller, hints)
+    scheduler = from_config(scheduling, index=index, rng=rng, clock=clock, prefer=prefer)
+    return SchedulerPolicy(name, scheduler, index, controller, admission.tick_seconds, hints)
+
+
+def _after_prefetch(controller: AdmissionController,
+                    hints: KvHintEmitter) -> Callable[[str | None], str | None]:
+    """The scheduler's ``prefer``: admission's worker for a held new session, else the worker a
+    resumed session's KV is being prefetched to. Without it the approximate index has often
+    forgotten a long-paused session and the load scorers move its turn to a worker that
+    prefills its whole context again (most of what admission still re-prefills at 96-192
+    sessions in ``saar simulate``)."""
+
+    def prefer(session: str | None) -> str | None:
+        return controller.preferred_worker(session) or hints.prefetched_to(session)
+
+    return prefer

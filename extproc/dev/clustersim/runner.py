@@ -1,7 +1,8 @@
 """``saar simulate``: every policy at every concurrency (or over a trace), a table and JSON.
 
-Each run is independent and seeded: the same sessions in the same order for every policy, so
-differences come from routing and admission alone.
+Each run is independent and seeded: the same sessions in the same order for every policy, on
+the same engine (device pool, host-memory tier, offload on eviction unless ``--no-offload``), so
+differences come from routing, admission and KV hints alone.
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ import time
 from dataclasses import dataclass, field, replace
 
 from ...config import Scheduling, load_config
-from .engine import WorkerSpec
+from .engine import CostModel, WorkerSpec
 from .metrics import RunMetrics
 from .policies import POLICIES, build_policy
 from .simulation import ClusterSpec, Simulation, VirtualClock
+from .tiers import CPU, DISK, GPU
 from .trace import MOONCAKE_BLOCK_SIZE, read_trace, scripts_from_trace
 from .workload import AgenticWorkload
 
@@ -68,26 +70,30 @@ def to_json(results: Results) -> dict[str, object]:
 
 
 def render_table(results: Results) -> str:
-    """One row per (concurrency, policy); throughput is prompt + output tokens of completed turns
-    per second, with its change against ``kv_aware`` at the same concurrency."""
-    header = (f"{'conc':>6} {'policy':<19} {'hit':>6} {'tok/s':>9} {'vs kv':>7} {'out/s':>7} "
-              f"{'ttft50':>7} {'ttft99':>8} {'reprefill':>10} {'turns':>6} {'held':>5} "
-              f"{'paused':>6}")
+    """One row per (concurrency, policy): the prefix hit rate and its device / host-memory (and
+    disk) parts, throughput (prompt + output tokens of completed turns per second) with its
+    change against ``kv_aware`` at the same concurrency, TTFT, and admission's activity."""
+    disk = any(m.lower_tokens[DISK] for runs in results.values() for m in runs.values())
+    width = max(len(p) for p in results)
+    header = (f"{'conc':>6} {'policy':<{width}} {'hit':>6} {'gpu':>6} {'cpu':>6}"
+              + (f" {'disk':>6}" if disk else "")
+              + f" {'tok/s':>8} {'vs kv':>7} {'out/s':>6} {'ttft50':>6} {'ttft99':>7}"
+              f" {'reprefill':>10} {'turns':>5} {'held':>5} {'paused':>6}")
     lines = [header, "-" * len(header)]
-    keys = list(next(iter(results.values())))
-    for key in keys:
+    for key in next(iter(results.values())):
         base = results.get(BASELINE, {}).get(key)
         for policy, runs in results.items():
-            s, e = runs[key].summary(), runs[key].extra()
+            m = runs[key]
+            tiers = m.hit_by_tier()
             delta = ""
             if base is not None and policy != BASELINE:
-                reference = base.summary()["throughput_tok_s"]
-                delta = f"{100 * (s['throughput_tok_s'] / max(reference, 1e-9) - 1):+.1f}%"
+                delta = f"{100 * (m.throughput / max(base.throughput, 1e-9) - 1):+.1f}%"
             lines.append(
-                f"{key:>6} {policy:<19} {s['prefix_hit_rate']:>6.1%} "
-                f"{s['throughput_tok_s']:>9.0f} {delta:>7} {e['output_tok_s']:>7.0f} "
-                f"{s['ttft_p50_s']:>7.2f} {s['ttft_p99_s']:>8.1f} {s['reprefill_tokens']:>10} "
-                f"{e['turns']:>6} {e['held_turns']:>5} {e['max_paused']:>6}")
+                f"{key:>6} {policy:<{width}} {m.hit_rate:>6.1%} {tiers[GPU]:>6.1%}"
+                f" {tiers[CPU]:>6.1%}" + (f" {tiers[DISK]:>6.1%}" if disk else "")
+                + f" {m.throughput:>8.0f} {delta:>7} {m.output_rate:>6.0f}"
+                f" {m.ttft(0.5):>6.2f} {m.ttft(0.99):>7.1f} {m.reprefill_tokens:>10}"
+                f" {m.turns:>5} {m.held_turns:>5} {m.max_paused:>6}")
     return "\n".join(lines)
 
 
@@ -102,7 +108,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--capacity-tokens", type=int, default=WorkerSpec().capacity_tokens,
-                        help="KV pool of each worker in tokens")
+                        help="device KV pool of each worker in tokens")
+    parser.add_argument("--cpu-tokens", type=int, default=WorkerSpec().cpu_tokens,
+                        help="host-memory KV tier of each worker in tokens (0: none)")
+    parser.add_argument("--disk-tokens", type=int, default=WorkerSpec().disk_tokens,
+                        help="disk KV tier of each worker in tokens (0: none)")
+    parser.add_argument("--no-offload", action="store_true",
+                        help="device evictions vanish: only demote hints fill host memory")
+    parser.add_argument("--cpu-tokens-per-s", type=float, default=CostModel().cpu_tokens_per_s,
+                        help="host-to-device KV copy rate in tokens per second")
     parser.add_argument("--horizon", type=float, default=900.0, help="simulated seconds")
     parser.add_argument("--warmup", type=float, default=120.0, help="simulated seconds left out")
     parser.add_argument("--seed", type=int, default=0)
@@ -112,16 +126,24 @@ def run(args: argparse.Namespace) -> int:
     started = time.process_time()
     experiment = _experiment(args)
     results = run_trace(experiment, args.trace) if args.trace else run_matrix(experiment)
-    cluster = experiment.cluster
-    print(f"{cluster.workers} workers x {cluster.worker.capacity_tokens} KV tokens, "
-          f"block {cluster.block_size}; "
-          + (f"trace {args.trace}" if args.trace else
-             f"horizon {experiment.horizon_s:.0f}s (first {experiment.warmup_s:.0f}s left out)"))
+    print(_describe(experiment, args.trace))
     print(render_table(results))
     print(f"cpu {time.process_time() - started:.1f}s")
     if args.json:
         print(json.dumps(to_json(results), separators=(",", ":")))
     return 0
+
+
+def _describe(experiment: Experiment, trace: str | None) -> str:
+    cluster, worker = experiment.cluster, experiment.cluster.worker
+    tiers = f"{worker.capacity_tokens} device + {worker.cpu_tokens} CPU"
+    if worker.disk_tokens:
+        tiers += f" + {worker.disk_tokens} disk"
+    played = (f"trace {trace}" if trace else f"horizon {experiment.horizon_s:.0f}s"
+              f" (first {experiment.warmup_s:.0f}s left out)")
+    return (f"{cluster.workers} workers x {tiers} KV tokens (offload on eviction "
+            f"{'on' if worker.offload else 'off'}, {cluster.cost.cpu_tokens_per_s:.0f} tok/s "
+            f"to device), block {cluster.block_size}; {played}")
 
 
 def _experiment(args: argparse.Namespace) -> Experiment:
@@ -135,7 +157,11 @@ def _experiment(args: argparse.Namespace) -> Experiment:
                              concurrencies=tuple(int(c) for c in args.concurrency.split(",")))
     if args.config:
         experiment = replace(experiment, scheduling=load_config(args.config).scheduling)
-    worker = replace(experiment.cluster.worker, capacity_tokens=args.capacity_tokens)
+    worker = replace(experiment.cluster.worker, capacity_tokens=args.capacity_tokens,
+                     cpu_tokens=args.cpu_tokens, disk_tokens=args.disk_tokens,
+                     offload=not args.no_offload)
+    cost = replace(experiment.cluster.cost, cpu_tokens_per_s=args.cpu_tokens_per_s)
     block = args.trace_block_size if args.trace else experiment.cluster.block_size
-    cluster = replace(experiment.cluster, workers=args.workers, worker=worker, block_size=block)
+    cluster = replace(experiment.cluster, workers=args.workers, worker=worker, cost=cost,
+                      block_size=block)
     return replace(experiment, cluster=cluster)

@@ -3,6 +3,8 @@
 Virtual time, one heap of events. A turn is ready when the session's tools finish; with
 admission, a turn of a paused session waits in the held queue until a tick resumes it (a turn
 already sent is never pre-empted). Routing sees each worker's live load, as a 50 ms scrape would.
+A policy with a hint emitter has its KV hints delivered to the workers as they are made: a
+tick's before the turns it resumes are sent, so a prefetch is under way when they arrive.
 """
 
 from __future__ import annotations
@@ -12,10 +14,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from ...scheduling.admission import AdmissionTick
+from ...scheduling.kv_events import KVEvent
 from ...scheduling.types import SchedulingRequest, Worker
 from .blocks import chain_ids
 from .engine import CostModel, EngineWorker, SimRequest, WorkerSpec
+from .kv_hints import KvHint, KvHintEmitter
 from .metrics import RunMetrics
+from .policies import Pick
 from .workload import AgenticWorkload, Script
 
 _ARRIVE, _STEP, _TICK = 0, 1, 2
@@ -28,7 +34,7 @@ class Admission(Protocol):
     def turn_finished(self, session_key: str, worker: str, prompt_tokens: int,
                       completion_tokens: int) -> None: ...
     def release(self, session_key: str) -> None: ...
-    def tick(self, workers: Sequence[Worker]) -> object: ...
+    def tick(self, workers: Sequence[Worker]) -> AdmissionTick: ...
     def is_paused(self, session_key: str) -> bool: ...
     def priority(self, session_key: str) -> float: ...
     def paused_count(self) -> int: ...
@@ -41,7 +47,10 @@ class Policy(Protocol):
     @property
     def admission(self) -> Admission | None: ...
 
-    def route(self, request: SchedulingRequest, workers: Sequence[Worker]) -> str: ...
+    @property
+    def hints(self) -> KvHintEmitter | None: ...
+
+    def route(self, request: SchedulingRequest, workers: Sequence[Worker]) -> Pick: ...
 
 
 @dataclass(frozen=True)
@@ -56,7 +65,8 @@ class ClusterSpec:
 class _Run:
     """A live session: where it is in its script and what it has computed so far."""
 
-    __slots__ = ("computed", "index", "parent", "pending", "ready_s", "script", "slot", "spawned")
+    __slots__ = ("computed", "index", "parent", "pending", "ready_s", "script", "slot", "spawned",
+                 "worker")
 
     def __init__(self, script: Script, computed: int = 0, parent: _Run | None = None,
                  slot: int | None = None) -> None:
@@ -68,6 +78,8 @@ class _Run:
         self.pending = 0
         self.spawned = -1
         self.ready_s = 0.0
+        self.worker: str | None = None
+        """Where its last turn went: the session record's binding the live router passes."""
 
 
 class VirtualClock:
@@ -87,7 +99,8 @@ class Simulation:
         self.clock = clock
         self.metrics = RunMetrics()
         self.workers = [EngineWorker(f"10.0.0.{i + 1}:8000", cluster.worker, cluster.cost,
-                                     cluster.block_size) for i in range(cluster.workers)]
+                                     cluster.block_size, self._kv_event)
+                        for i in range(cluster.workers)]
         self._by_address = {w.address: w for w in self.workers}
         self._views = [Worker(address=w.address, model=cluster.model,
                               block_size=cluster.block_size, num_blocks=w.total_blocks)
@@ -172,8 +185,10 @@ class Simulation:
             done = run.script.stream.hashes(step.prompt_tokens + step.output_tokens)
             blocks = done[: step.prompt_tokens // size]
         key = run.script.key
-        request = SchedulingRequest(self.cluster.model, key, tuple(blocks), step.prompt_tokens)
-        address = self.policy.route(request, self._refresh_views())
+        request = SchedulingRequest(self.cluster.model, key, tuple(blocks), step.prompt_tokens,
+                                    bound_worker=run.worker)
+        pick = self.policy.route(request, self._refresh_views())
+        address = run.worker = pick.address
         admission = self.policy.admission
         priority = 0.0
         if admission is not None:
@@ -184,8 +199,23 @@ class Simulation:
         self._in_flight[sim_request] = (run, address)
         worker = self._by_address[address]
         worker.submit(sim_request, self.now)
+        if self.policy.hints is not None:
+            self._deliver(self.policy.hints.routed(
+                key, address, matched_tokens=pick.matched_tokens,
+                prompt_tokens=step.prompt_tokens, parent=run.script.parent))
         if not worker.busy:
             self._start_step(worker)
+
+    def _deliver(self, hints: Sequence[KvHint]) -> None:
+        counting = self.now >= self._warmup
+        for hint in hints:
+            taken = self._by_address[hint.worker].hint(hint, self.now)
+            if counting:
+                self.metrics.hint(hint.kind, taken)
+
+    def _kv_event(self, event: KVEvent) -> None:
+        if self.now >= self._warmup:
+            self.metrics.kv_event(event)
 
     def _refresh_views(self) -> list[Worker]:
         for view, worker in zip(self._views, self.workers, strict=True):
@@ -197,7 +227,7 @@ class Simulation:
         return self._views
 
     def _start_step(self, worker: EngineWorker) -> None:
-        duration = worker.start_step()
+        duration = worker.start_step(self.now)
         if duration is not None:
             self._push(self.now + duration, _STEP, worker)
 
@@ -215,10 +245,14 @@ class Simulation:
         prompt, output = request.prompt_tokens, request.output_tokens
         if self.now >= self._warmup:
             reprefill = max(0, min(prompt, run.computed) - request.cached_tokens)
-            self.metrics.turn_done(prompt, request.cached_tokens, output, reprefill)
+            self.metrics.turn_done(prompt, request.cached_tokens, request.lower_tokens, output,
+                                   reprefill)
         run.computed = prompt + output
-        if self.policy.admission is not None:
-            self.policy.admission.turn_finished(run.script.key, address, prompt, output)
+        admission, hints, key = self.policy.admission, self.policy.hints, run.script.key
+        if admission is not None:
+            admission.turn_finished(key, address, prompt, output)
+            if hints is not None:
+                self._deliver(hints.turn_finished(key, paused=admission.is_paused(key)))
         run.index += 1
         self._advance(run)
 
@@ -241,6 +275,8 @@ class Simulation:
         self._live -= 1
         if self.policy.admission is not None:
             self.policy.admission.release(run.script.key)
+        if self.policy.hints is not None:
+            self._deliver(self.policy.hints.ended(run.script.key))
         if run.parent is not None:
             run.parent.pending -= 1
             if run.parent.pending == 0:
@@ -252,7 +288,9 @@ class Simulation:
     def _tick(self) -> None:
         admission = self.policy.admission
         assert admission is not None
-        admission.tick(self._refresh_views())
+        tick = admission.tick(self._refresh_views())
+        if self.policy.hints is not None:
+            self._deliver(self.policy.hints.ticked(tick))
         self.metrics.max_paused = max(self.metrics.max_paused, admission.paused_count())
         held, self._held = self._held, []
         for run in held:

@@ -23,13 +23,12 @@ SMALL = Experiment(
 
 
 def test_kv_aware_reuses_prefixes_that_round_robin_scatters() -> None:
-    """Four small workers: the sessions fit once, not once per worker."""
-    cluster = ClusterSpec(workers=4, worker=WorkerSpec(capacity_tokens=128_000))
+    """Four small workers (no host memory): the sessions fit once, not once per worker."""
+    cluster = ClusterSpec(workers=4, worker=WorkerSpec(capacity_tokens=128_000, cpu_tokens=0))
     results = run_matrix(replace(SMALL, cluster=cluster, policies=("round_robin", "kv_aware")))
-    kv = results["kv_aware"]["8"].summary()
-    rr = results["round_robin"]["8"].summary()
-    assert kv["prefix_hit_rate"] > rr["prefix_hit_rate"] + 0.1
-    assert kv["reprefill_tokens"] < rr["reprefill_tokens"]
+    kv, rr = results["kv_aware"]["8"], results["round_robin"]["8"]
+    assert kv.hit_rate > rr.hit_rate + 0.1
+    assert kv.reprefill_tokens < rr.reprefill_tokens
 
 
 def test_runs_are_deterministic() -> None:
@@ -60,6 +59,22 @@ def test_admission_holds_only_at_tool_boundaries() -> None:
     assert metrics.max_paused > 0 and metrics.held_turns > 0
     assert not violations
     assert len(dispatched) == metrics.turns + len(sim._in_flight)
+
+
+def test_hints_keep_paused_sessions_cached_better_than_admission_alone() -> None:
+    """Oversubscribed (48 sessions on 4 x 128k): demote / prefetch / release / share, and the
+    resumed turn following its prefetch, halve the re-prefill admission alone leaves."""
+    cluster = ClusterSpec(workers=4, worker=WorkerSpec(capacity_tokens=128_000,
+                                                       cpu_tokens=256_000))
+    experiment = replace(SMALL, cluster=cluster, concurrencies=(48,), warmup_s=60.0,
+                         policies=("kv_aware_admission", "kv_aware_admission_hints"))
+    results = run_matrix(experiment)
+    plain = results["kv_aware_admission"]["48"]
+    hinted = results["kv_aware_admission_hints"]["48"]
+    assert hinted.hit_rate > plain.hit_rate + 0.005
+    assert hinted.reprefill_tokens < 0.7 * plain.reprefill_tokens
+    assert hinted.hints["demote"] and hinted.hints["prefetch"] and hinted.hints["release"]
+    assert not plain.hints
 
 
 def test_trace_round_trip_and_replay(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -112,7 +127,7 @@ def test_prefill_time_follows_uncached_tokens() -> None:
         worker.submit(SimRequest("s", 64_000, 1, blocks, blocks, 0.0), 0.0)
         elapsed = 0.0
         while True:
-            duration = worker.start_step()
+            duration = worker.start_step(elapsed)
             assert duration is not None
             elapsed += duration
             first, _ = worker.finish_step(elapsed)
@@ -131,5 +146,8 @@ def test_cli_json_shape(capsys) -> None:  # type: ignore[no-untyped-def]
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert set(last["policies"]) == {"round_robin", "kv_aware"}
     assert set(last["policies"]["kv_aware"]) == {"2", "4"}
-    assert set(last["policies"]["kv_aware"]["4"]) == {
-        "prefix_hit_rate", "throughput_tok_s", "ttft_p50_s", "ttft_p99_s", "reprefill_tokens"}
+    row = last["policies"]["kv_aware"]["4"]
+    assert set(row) == {"prefix_hit_rate", "hit_by_tier", "throughput_tok_s", "ttft_p50_s",
+                        "ttft_p99_s", "reprefill_tokens", "hints", "kv_event_blocks"}
+    assert set(row["hit_by_tier"]) == {"GPU", "CPU", "DISK"}
+    assert row["prefix_hit_rate"] == pytest.approx(sum(row["hit_by_tier"].values()), abs=2e-4)
