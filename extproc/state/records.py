@@ -23,6 +23,7 @@ import orjson
 from ..types import Phase, Usage
 
 SWITCH_TIMES_KEPT = 16
+ISSUED_KEPT = 64
 RECENT_TURNS_KEPT = 8
 """Replay ids of the last committed turns a record remembers, so a commit arriving twice (the
 routing stream and the observer, a write-back after an outage) lands once."""
@@ -45,6 +46,10 @@ class SessionRecord:
     reported_cached_tokens: int = 0
     last_replay_id: str | None = None
     recent: list[str] = field(default_factory=list)
+    issued: list[str] = field(default_factory=list)
+    """Ids the last answer issued (tool calls, its response, provider state), owned by this
+    record's model on ``issued_worker``: a request continuing them needs no owner lookup."""
+    issued_worker: str | None = None
     version: int = 0
     """Bumped by every write; the Redis store's compare-and-set compares it."""
 
@@ -56,7 +61,8 @@ class SessionRecord:
         return self.reported_cached_tokens / self.reported_prompt_tokens
 
     def copy(self) -> SessionRecord:
-        return replace(self, switch_times=list(self.switch_times), recent=list(self.recent))
+        return replace(self, switch_times=list(self.switch_times), recent=list(self.recent),
+                       issued=list(self.issued))
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +124,8 @@ class Finish:
     turn: Turn
     tool_calls: bool = False
     usage: Usage | None = None
+    issued: tuple[str, ...] = ()
+    """The bare ids the answer issued (the record keeps the last answer's)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +177,7 @@ def commit(
     record.context_tokens = turn.context_tokens
     record.last_replay_id = turn.replay_id
     record.recent = [*record.recent[-(RECENT_TURNS_KEPT - 1):], turn.replay_id]
+    record.issued, record.issued_worker = [], None  # answered, or left behind by this turn
     return record, moved
 
 
@@ -186,6 +195,8 @@ def finish(
         record.phase = Phase.TOOL_LOOP
     elif record.phase is Phase.TOOL_LOOP:
         record.phase = Phase.NORMAL
+    record.issued = list(done.issued[:ISSUED_KEPT])
+    record.issued_worker = done.turn.worker
     usage = done.usage
     if usage is not None:
         record.reported_prompt_tokens = usage.prompt_tokens
@@ -223,16 +234,17 @@ def pack_record(record: SessionRecord) -> bytes:
         [record.model, record.decision, record.phase.value, record.last_seen, record.worker,
          record.turns, record.switches, record.switch_times, record.context_tokens,
          record.estimated_reuse_tokens, record.reported_prompt_tokens,
-         record.reported_cached_tokens, record.last_replay_id, record.recent]
+         record.reported_cached_tokens, record.last_replay_id, record.recent, record.issued,
+         record.issued_worker]
     )
 
 
 def unpack_record(data: bytes, version: int) -> SessionRecord:
     (model, decision, phase, last_seen, worker, turns, switches, switch_times, context,
-     reuse, prompt, cached, last_replay_id, recent) = msgpack.unpackb(data)
+     reuse, prompt, cached, last_replay_id, recent, issued, issued_worker) = msgpack.unpackb(data)
     return SessionRecord(model, decision, Phase(phase), last_seen, worker, turns, switches,
                          list(switch_times), context, reuse, prompt, cached, last_replay_id,
-                         list(recent), version)
+                         list(recent), list(issued), issued_worker, version)
 
 
 OWNER_SEPARATOR = "\x00"

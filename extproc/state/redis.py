@@ -24,8 +24,6 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
-from redis.asyncio import Redis
-
 from .records import (
     Claim,
     Commit,
@@ -39,6 +37,7 @@ from .records import (
     unpack_owner,
     unpack_record,
 )
+from .resp import RespClient
 from .store import Applied, Facts, Query
 
 SCHEMA = "v1"
@@ -119,15 +118,11 @@ class RedisStore:
         session_ttl: float,
         owner_ttl: float,
         max_known: int = 100_000,
-        client: Redis | None = None,
     ) -> None:
-        self._redis = client or Redis.from_url(url, decode_responses=False)
+        self._redis = RespClient(url)
         self._session_prefix = f"{prefix}:{SCHEMA}:s:"
         self._owner_prefix = f"{prefix}:{SCHEMA}:o:"
         self._ttls = (str(int(session_ttl * 1000)), str(int(owner_ttl * 1000)))
-        self._load = self._redis.register_script(_LOAD)
-        self._apply = self._redis.register_script(_APPLY)
-        self._seed = self._redis.register_script(_SEED)
         self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
         """Session key → its lock and how many writers hold or wait for it."""
         self._known: OrderedDict[str, SessionRecord | None] = OrderedDict()
@@ -138,7 +133,9 @@ class RedisStore:
     async def load(self, query: Query) -> Facts:
         keys = [query.session or "", *query.ids]
         chain = query.ids.index(query.chain) + 1 if query.chain in query.ids else 0
-        reply = await self._load(keys, [self._session_prefix, self._owner_prefix, chain])
+        reply = await self._redis.script(
+            _LOAD, keys, [self._session_prefix, self._owner_prefix, chain]
+        )
         key = reply[0].decode() or None
         record = _record(reply[1], reply[2])
         owners = {k: unpack_owner(v) for k, v in zip(query.ids, reply[3:], strict=True) if v}
@@ -199,7 +196,7 @@ class RedisStore:
                          pack_record(record)]
             args += [owner for _, owner in claims]
             keys = [*planned, *(key for key, _ in claims), *forgets]
-            conflicts = await self._apply(keys, args)
+            conflicts = await self._redis.script(_APPLY, keys, args)
             names = list(planned)
             lost = {names[int(conflicts[i]) - 1]: _record(conflicts[i + 1], conflicts[i + 2])
                     for i in range(0, len(conflicts), 3)}
@@ -221,22 +218,22 @@ class RedisStore:
         if records:
             args: list[Any] = [self._session_prefix, self._ttls[0],
                                *(pack_record(r) for r in records.values())]
-            await self._seed(list(records), args)
+            await self._redis.script(_SEED, list(records), args)
             for key in records:
                 self._known.pop(key, None)  # the next write reads what is there now
 
     async def shared_secret(self, fresh: bytes) -> bytes:
         """The secret every replica keys tenant hashes with: ``fresh`` if none is kept yet."""
         key = f"{self._session_prefix[: -len('s:')]}secret"
-        await self._redis.set(key, fresh, nx=True)
-        kept = await self._redis.get(key)
+        await self._redis.call("SET", key, fresh, "NX")
+        kept = await self._redis.call("GET", key)
         return kept if isinstance(kept, bytes) and kept else fresh
 
     async def ping(self) -> None:
-        await self._redis.ping()
+        await self._redis.call("PING")
 
     async def close(self) -> None:
-        await self._redis.aclose()
+        await self._redis.close()
 
     def _remember(self, key: str, record: SessionRecord | None) -> None:
         self._known[key] = record
