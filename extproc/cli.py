@@ -24,7 +24,12 @@ def _serve(args: argparse.Namespace) -> int:
         server = replace(server, grpc_port=args.grpc_port)
     if args.http_port is not None:
         server = replace(server, http_port=args.http_port)
-    asyncio.run(serve_forever(replace(config, server=server)))
+    if args.health_port is not None:
+        server = replace(server, health_port=args.health_port)
+    scheduling = config.scheduling
+    if args.pool_name is not None:
+        scheduling = replace(scheduling, pool_name=args.pool_name)
+    asyncio.run(serve_forever(replace(config, server=server, scheduling=scheduling)))
     return 0
 
 
@@ -78,10 +83,17 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _bench_overhead(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from .dev.bench.overhead import Settings, main
 
     settings = Settings(variants=tuple(args.variants.split(",")), warmup_s=args.warmup,
                         duration_s=args.duration, client=args.client, upstream=args.upstream)
+    if args.bodies:
+        settings = replace(settings, bodies=tuple(args.bodies.split(",")))
+    if args.concurrency:
+        settings = replace(settings,
+                           concurrencies=tuple(int(c) for c in args.concurrency.split(",")))
     return main(args.config, settings, as_json=args.json)
 
 
@@ -106,6 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", required=True)
     serve.add_argument("--grpc-port", type=int)
     serve.add_argument("--http-port", type=int)
+    serve.add_argument("--health-port", type=int,
+                       help="plaintext gRPC health only (kubelet probes), beside a TLS port")
+    serve.add_argument("--pool-name", metavar="MODEL",
+                       help="be the endpoint picker of this model's InferencePool")
     serve.set_defaults(func=_serve)
 
     from .dev.sim.server import add_arguments
@@ -142,7 +158,10 @@ def build_parser() -> argparse.ArgumentParser:
     overhead.add_argument("--json", action="store_true", help="last stdout line is JSON")
     overhead.add_argument("--config", default=None, help="default: config/example.yaml")
     overhead.add_argument("--variants", default="envoy,passthrough,saar",
-                          help="comma-separated; also saar-two-streams, saar-route-only")
+                          help="comma-separated; also saar-redis, saar-two-streams, "
+                          "saar-route-only")
+    overhead.add_argument("--bodies", default=None, help="comma-separated body sizes")
+    overhead.add_argument("--concurrency", default=None, help="comma-separated, e.g. 1,16")
     overhead.add_argument("--warmup", type=float, default=1.0, help="seconds per cell")
     overhead.add_argument("--duration", type=float, default=4.0, help="seconds per cell")
     overhead.add_argument("--client", choices=("auto", "wrk", "python"), default="auto",

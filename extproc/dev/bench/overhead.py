@@ -20,7 +20,7 @@ from ..harness import run_stack
 from .bodies import SIZES, body
 from .load import Load, LoadResult, pick_client, run_load
 from .upstream import canned_upstream
-from .variants import TRANSFORMS, VARIANTS, pointed_at
+from .variants import STORES, TRANSFORMS, VARIANTS, pointed_at
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[3] / "config" / "example.yaml"
 PHYSICAL_MODEL = "qwen3-8b"
@@ -106,6 +106,7 @@ def run_overhead(config: dict[str, Any], settings: Settings) -> Report:
                 processor=_processor(variant),
                 workdir=Path(tmp) / variant,
                 envoy_transform=pointed_at(upstream, TRANSFORMS[variant]),
+                store=STORES.get(variant),
             ) as stack:
                 for name in settings.bodies:
                     for concurrency in settings.concurrencies:

@@ -68,9 +68,15 @@ TRANSFORMS: dict[str, Callable[[Bootstrap], Bootstrap]] = {
     "envoy": envoy_only,
     "passthrough": passthrough,
     "saar": saar,
+    "saar-redis": saar,
     "saar-two-streams": saar_two_streams,
     "saar-route-only": saar_route_only,
 }
+
+
+STORES = {"saar-redis": "redis"}
+"""Variants whose processor keeps its state in a store server the bench starts (Envoy's config
+is saar's own): the state layer's cost, measured beside the in-process store."""
 
 
 def pointed_at(upstream: str | None, transform: Callable[[Bootstrap], Bootstrap]) -> Callable[
