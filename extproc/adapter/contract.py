@@ -19,6 +19,10 @@ OBSERVE_HEADER = "x-saar-observe"
 """Marks a streamed request: only the route matching it enables the observe filter."""
 WORKER_HEADER = "x-saar-worker"
 """Response header: the worker that served (``%UPSTREAM_REMOTE_ADDRESS%``)."""
+PICK_HEADER = "x-saar-endpoint"
+"""Response header the processor sets itself: the endpoint it picked (its first choice)."""
+MODEL_HEADER = "x-gateway-model-name"
+"""The default ``routing.model_header``: the routed model, which HTTPRoute rules match."""
 DIAGNOSTIC_PREFIX = "x-saar-"
 
 DIAGNOSTIC_HEADERS = {

@@ -15,7 +15,7 @@ from google.protobuf import duration_pb2
 from ..core.router import Router
 from ..errors import RoutingError
 from ..state.layer import StateLayer
-from .stream import ExtProcStream, Hold, error_response
+from .stream import ExtProcStream, Hold, StreamOptions, error_response
 
 log = logging.getLogger(__name__)
 
@@ -23,9 +23,13 @@ HOLD_POLL_SECONDS = 0.05
 
 
 class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
-    def __init__(self, router: Router, state: StateLayer) -> None:
+    def __init__(
+        self, router: Router, state: StateLayer, options: StreamOptions | None = None
+    ) -> None:
         self._router = router
         self._state = state
+        self._options = options or StreamOptions(router.config.routing.model_header,
+                                                 router.config.scheduling.pool_name)
 
     async def _held(self, hold: Hold) -> bool:
         """Wait until admission resumes the session (True) or the hold times out (False). No
@@ -46,7 +50,7 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
         request_iterator: AsyncIterator[ep.ProcessingRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[ep.ProcessingResponse]:
-        stream = ExtProcStream(self._router, self._state)
+        stream = ExtProcStream(self._router, self._state, self._options)
         try:
             async for request in request_iterator:
                 try:
@@ -68,8 +72,11 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
                         RoutingError("the router failed on this request; see its logs"),
                         stream.api,
                     )
-                if reply is not None:
+                if isinstance(reply, ep.ProcessingResponse):
                     yield reply
+                elif reply is not None:
+                    for one in reply:
+                        yield one
                 if stream.observed:
                     return
         finally:

@@ -12,12 +12,22 @@ Two filters in Envoy talk to this service (see ``envoy/envoy.yaml``):
   (SSE) answers. It may reach another replica: the turn it completes travels in the ``saar``
   metadata Envoy forwards. Ids are claimed the moment they pass; the terminal event finishes
   the turn — and commits it, if it got there before the routing stream's response headers.
+
+A gateway's endpoint picker filter (the Endpoint Picker Protocol) sends bodies in
+``FULL_DUPLEX_STREAMED`` mode instead, told by the first message's ``protocol_config``: the
+request body's chunks are gathered until its end, the request is routed, and only then are the
+headers answered (the pick, the model header, the route cache cleared) and the body sent back as
+streamed chunks; the answer's chunks are passed back the moment they arrive, read on the way as
+the observe filter reads them — the only wait is for the ids a chunk carries to be claimed
+before the client can act on them.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeAlias
 
 from envoy.config.core.v3 import base_pb2 as core
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as pm
@@ -27,9 +37,9 @@ from google.protobuf import struct_pb2
 
 from ..apis import ResponseObserver
 from ..core.router import Request, Routed, Router, api_for, issued, outcome_of
-from ..errors import MalformedRequest, RoutingError, SessionPaused
+from ..errors import BodyTooLarge, MalformedRequest, RoutingError, SessionPaused
 from ..state.layer import StateLayer
-from ..state.records import Commit, Turn
+from ..state.records import Commit, Turn, Write
 from ..types import Api, ResponseSummary
 from .contract import (
     API_KEY,
@@ -39,6 +49,8 @@ from .contract import (
     LB_NAMESPACE,
     METADATA_NAMESPACE,
     OBSERVE_HEADER,
+    PICK_HEADER,
+    SERVED_KEY,
     SUBSET_KEY,
     SUBSET_NAMESPACE,
     TURN_KEY,
@@ -52,6 +64,22 @@ _PASS_THROUGH = pm.ProcessingMode(
     request_body_mode=pm.ProcessingMode.NONE, response_header_mode=pm.ProcessingMode.SKIP
 )
 _BUFFER_RESPONSE = pm.ProcessingMode(response_body_mode=pm.ProcessingMode.BUFFERED)
+_DUPLEX = pm.ProcessingMode.FULL_DUPLEX_STREAMED
+CHUNK_BYTES = 62_000
+"""Streamed body chunks sent back stay under the 64 KiB some proxies allow per message."""
+
+Reply: TypeAlias = ep.ProcessingResponse | Sequence[ep.ProcessingResponse]
+"""What one message is answered with: one response, or (full duplex) several in order."""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamOptions:
+    """How this process sits in the gateway, read once from the config."""
+
+    model_header: str | None = "x-gateway-model-name"
+    """Set to the routed model (HTTPRoute rules match it); the client's copy is removed."""
+    pool: str | None = None
+    """The model whose pool this process picks endpoints for (``--pool-name``)."""
 
 
 def _header(key: str, value: str) -> core.HeaderValueOption:
@@ -90,13 +118,57 @@ def error_response(error: RoutingError, api: Api | None) -> ep.ProcessingRespons
     )
 
 
-def routed_response(routed: Routed, cluster_header: str) -> ep.ProcessingResponse:
-    common = ep.CommonResponse(status=ep.CommonResponse.CONTINUE, clear_route_cache=True)
-    headers = [_header(cluster_header, routed.cluster)]
+def routed_response(
+    routed: Routed, cluster_header: str, model_header: str | None = None
+) -> ep.ProcessingResponse:
+    """The reply to a buffered body: the route, the pick and the rewritten body in one."""
+    common, metadata = _routing(routed, cluster_header, model_header)
     if routed.body is not None:
         common.body_mutation.body = routed.body
         # Envoy answers 500 when content-length disagrees with a mutated body.
-        headers.append(_header("content-length", str(len(routed.body))))
+        common.header_mutation.set_headers.append(
+            _header("content-length", str(len(routed.body))))
+    return ep.ProcessingResponse(
+        request_body=ep.BodyResponse(response=common), dynamic_metadata=metadata
+    )
+
+
+def routed_duplex(
+    routed: Routed, body: bytes, cluster_header: str, model_header: str | None,
+    *, trailers: bool = False,
+) -> list[ep.ProcessingResponse]:
+    """Full duplex: the headers reply carries the route and the pick (a header mutation on a
+    body reply would be ignored), then the body (rewritten or as it came) goes back in chunks.
+    Envoy drops content-length itself in this mode."""
+    common, metadata = _routing(routed, cluster_header, model_header)
+    replies = [ep.ProcessingResponse(request_headers=ep.HeadersResponse(response=common),
+                                     dynamic_metadata=metadata)]
+    replies += streamed_body(
+        "request_body", routed.body if routed.body is not None else body, end=not trailers)
+    if trailers:
+        replies.append(ep.ProcessingResponse(request_trailers=ep.TrailersResponse()))
+    return replies
+
+
+def streamed_body(kind: str, body: bytes, *, end: bool) -> list[ep.ProcessingResponse]:
+    """``body`` as streamed body responses of at most ``CHUNK_BYTES`` each."""
+    pieces = [body[i:i + CHUNK_BYTES] for i in range(0, len(body), CHUNK_BYTES)] or [b""]
+    return [
+        ep.ProcessingResponse(**{kind: ep.BodyResponse(response=ep.CommonResponse(
+            body_mutation=ep.BodyMutation(streamed_response=ep.StreamedBodyResponse(
+                body=piece, end_of_stream=end and i == len(pieces) - 1)))),
+        })
+        for i, piece in enumerate(pieces)
+    ]
+
+
+def _routing(
+    routed: Routed, cluster_header: str, model_header: str | None
+) -> tuple[ep.CommonResponse, struct_pb2.Struct]:
+    common = ep.CommonResponse(status=ep.CommonResponse.CONTINUE, clear_route_cache=True)
+    headers = [_header(cluster_header, routed.cluster)]
+    if model_header:
+        headers.append(_header(model_header, routed.model))
     metadata = struct_pb2.Struct()
     values = _metadata(routed)
     if routed.stream:
@@ -110,9 +182,7 @@ def routed_response(routed: Routed, cluster_header: str) -> ep.ProcessingRespons
         headers.append(_header(DESTINATION_HEADER, routed.workers[0]))
         _set_strings(metadata, LB_NAMESPACE, {DESTINATION_HEADER: ",".join(routed.workers)})
     common.header_mutation.set_headers.extend(headers)
-    return ep.ProcessingResponse(
-        request_body=ep.BodyResponse(response=common), dynamic_metadata=metadata
-    )
+    return common, metadata
 
 
 def _metadata(routed: Routed) -> dict[str, str]:
@@ -140,7 +210,15 @@ class Hold:
 
 
 def _upstream(message: ep.ProcessingRequest) -> str | None:
-    """The worker Envoy sent the request to (the ``upstream.address`` response attribute)."""
+    """The worker Envoy sent the request to: what the proxy reports as served (the Endpoint
+    Picker Protocol's ``envoy.lb`` metadata), else the ``upstream.address`` attribute."""
+    lb = message.metadata_context.filter_metadata.get(LB_NAMESPACE)
+    if lb is not None and SERVED_KEY in lb.fields:
+        value = lb.fields[SERVED_KEY]
+        served = value.string_value.split(",")[0].strip() if value.HasField(
+            "string_value") else ""
+        if served:
+            return served
     attributes = message.attributes.get(ATTRIBUTES_NAMESPACE)
     if attributes is None or UPSTREAM_ATTRIBUTE not in attributes.fields:
         return None
@@ -181,9 +259,12 @@ def _is_event_stream(chunk: bytes) -> bool:
 class ExtProcStream:
     """One ext_proc stream (one HTTP request seen by one filter), driven message by message."""
 
-    def __init__(self, router: Router, state: StateLayer) -> None:
+    def __init__(
+        self, router: Router, state: StateLayer, options: StreamOptions | None = None
+    ) -> None:
         self._router = router
         self._state = state
+        self._options = options or StreamOptions()
         self._headers: dict[str, str] = {}
         self._subset: frozenset[str] | None = None
         self._body: bytes = b""
@@ -200,27 +281,51 @@ class ExtProcStream:
         self._finished = False
         self._observing = False
         self._ended = False
+        self._duplex_request = False
+        self._duplex_response = False
+        self._chunks: list[bytes] = []
+        self._size = 0
+        self._waiting = False
+        """Full duplex: the request headers are unanswered until the body has been seen."""
+        self._trailers = False
+        self._remove: list[str] = []
 
     @property
     def api(self) -> Api | None:
         return self._api
 
-    async def handle(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse | Hold | None:
+    @property
+    def duplex(self) -> bool:
+        """The request body streams in full duplex (an error reply is all that is left)."""
+        return self._duplex_request
+
+    async def handle(self, request: ep.ProcessingRequest) -> Reply | Hold | None:
         kind = request.WhichOneof("request")
         if request.observability_mode or self._observing:
             # Envoy leaves observability_mode unset on an observe stream's last message.
             self._observing = True
             self._observe(request)
             return None
+        if request.HasField("protocol_config"):
+            config = request.protocol_config
+            self._duplex_request = config.request_body_mode == _DUPLEX
+            self._duplex_response = config.response_body_mode == _DUPLEX
         try:
             if kind == "request_headers":
                 self._subset = _subset(request)
                 return self._on_request_headers(request.request_headers)
             if kind == "request_body":
+                if self._duplex_request:
+                    return await self._on_streamed_request_body(request.request_body)
                 return await self._on_request_body(request.request_body)
+            if kind == "request_trailers" and self._waiting:
+                self._trailers = True
+                return await self._route_gathered(admit_paused=False)
             if kind == "response_headers":
                 return await self._on_response_headers(request)
             if kind == "response_body":
+                if self._duplex_response:
+                    return await self._on_streamed_response_body(request.response_body)
                 return await self._on_response_body(request.response_body)
         except SessionPaused as exc:
             admission = self._router.config.scheduling.admission
@@ -231,9 +336,11 @@ class ExtProcStream:
             return error_response(exc, self._api)
         return _passthrough(kind)
 
-    async def resume(self, *, admit_paused: bool) -> ep.ProcessingResponse:
+    async def resume(self, *, admit_paused: bool) -> Reply:
         """Route the held body again: the session was resumed, or the hold timed out."""
         try:
+            if self._waiting:
+                return await self._route_gathered(admit_paused=admit_paused)
             return await self._route(admit_paused=admit_paused)
         except RoutingError as exc:
             return error_response(exc, self._api)
@@ -263,6 +370,9 @@ class ExtProcStream:
             # The body never came (the client hung up): the upstream did accept the turn.
             self._state.send(self._held)
             self._held = []
+        elif self._duplex_response and self._observer is not None and not self._finished:
+            # A streamed answer cut short: finish the turn with what passed.
+            self._finish_observed()
         self._state.send(self._router.ended(self._routed, outcome, summary))
 
     # -- request path ----------------------------------------------------------------------
@@ -270,13 +380,16 @@ class ExtProcStream:
     def _spoofed(self) -> list[str]:
         """Client headers that Envoy or we would trust for routing: always removed."""
         cluster = self._router.config.routing.cluster_header.lower()
+        model = (self._options.model_header or "").lower()
         names = [h for h in self._headers
-                 if h in (DESTINATION_HEADER, cluster) or h.startswith(DIAGNOSTIC_PREFIX)]
+                 if h in (DESTINATION_HEADER, cluster, model) or h.startswith(DIAGNOSTIC_PREFIX)]
         for name in names:
-            self._router.metrics.stripped_headers.labels(name).inc()
+            self._router.metrics.stripped_headers.labels(
+                name if name in (DESTINATION_HEADER, cluster, model, OBSERVE_HEADER) else "other"
+            ).inc()
         return names
 
-    def _on_request_headers(self, message: ep.HttpHeaders) -> ep.ProcessingResponse:
+    def _on_request_headers(self, message: ep.HttpHeaders) -> ep.ProcessingResponse | None:
         self._headers = _headers_dict(message)
         remove = self._spoofed()
         self._api = api_for(self._headers.get(":method", ""), self._headers.get(":path", ""))
@@ -284,10 +397,17 @@ class ExtProcStream:
             reply = ep.ProcessingResponse(
                 request_headers=ep.HeadersResponse(response=_continue_headers(remove))
             )
-            reply.mode_override.CopyFrom(_PASS_THROUGH)
+            if not self._duplex_request:
+                reply.mode_override.CopyFrom(_PASS_THROUGH)
             return reply
         if message.end_of_stream:
             raise MalformedRequest("request has no body; a JSON body with a model is required")
+        if self._duplex_request:
+            # Answered once the body has been seen: the pick rides on this reply. The client's
+            # routing headers are dropped then by overwriting or removing them.
+            self._waiting = True
+            self._remove = remove
+            return None
         return ep.ProcessingResponse(
             request_headers=ep.HeadersResponse(response=_continue_headers(remove))
         )
@@ -298,42 +418,97 @@ class ExtProcStream:
         self._body = message.body
         return await self._route(admit_paused=False)
 
+    async def _on_streamed_request_body(self, message: ep.HttpBody) -> Reply | None:
+        """Full duplex: gather the chunks until the body ends, then route."""
+        if not self._waiting:
+            # Not an LLM request (or already answered): pass each chunk straight back.
+            return streamed_body("request_body", message.body, end=message.end_of_stream)
+        self._size += len(message.body)
+        limit = self._router.config.limits.max_body_bytes
+        if self._size > limit:
+            self._waiting = False
+            self._chunks = []
+            self._router.metrics.errors.labels(BodyTooLarge.code).inc()
+            raise BodyTooLarge(f"request body is over {limit} bytes")
+        self._chunks.append(message.body)
+        if not message.end_of_stream:
+            return None
+        return await self._route_gathered(admit_paused=False)
+
+    async def _route_gathered(self, *, admit_paused: bool) -> list[ep.ProcessingResponse]:
+        self._body = b"".join(self._chunks)
+        self._chunks = [self._body]
+        routed = await self._decide(admit_paused=admit_paused)
+        self._waiting = False
+        self._chunks = []
+        replies = routed_duplex(routed, self._body, self._router.config.routing.cluster_header,
+                                self._options.model_header, trailers=self._trailers)
+        # The client's routing headers the reply does not overwrite are removed.
+        mine = {h.header.key for h in replies[0].request_headers.response.header_mutation
+                .set_headers}
+        replies[0].request_headers.response.header_mutation.remove_headers.extend(
+            h for h in self._remove if h not in mine)
+        return replies
+
     async def _route(self, *, admit_paused: bool) -> ep.ProcessingResponse:
+        routed = await self._decide(admit_paused=admit_paused)
+        return routed_response(routed, self._router.config.routing.cluster_header,
+                               self._options.model_header)
+
+    async def _decide(self, *, admit_paused: bool) -> Routed:
         assert self._api is not None
         request: Request = self._router.read(self._api, self._headers, self._body)
         facts = await self._state.load(request.query)
         routed = self._router.route(request, facts, subset=self._subset,
                                     admit_paused=admit_paused)
         self._routed = routed
-        return routed_response(routed, self._router.config.routing.cluster_header)
+        return routed
 
     # -- response path ---------------------------------------------------------------------
 
     async def _on_response_headers(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse:
         """The upstream answered (or Envoy did, e.g. no healthy upstream): commit a 2xx before
-        the client sees it; read a JSON answer's body in one more message on this stream."""
+        the client sees it; read a JSON answer's body in one more message on this stream (or,
+        full duplex, as its chunks pass)."""
         reply = _passthrough("response_headers")
         routed = self._routed
         if routed is None:
             return reply
+        reply.response_headers.response.header_mutation.set_headers.extend(
+            self._diagnostic_headers(routed))
         message = request.response_headers
         headers = _headers_dict(message)
         self._status = int(headers.get(":status", "0") or 0)
         self._served = _upstream(request)
         writes = self._router.answered(routed, self._status, self._served)
         turn = writes[0].turn if writes else routed.turn  # with the worker Envoy used
-        if headers.get("content-type", "").startswith("text/event-stream") or not writes:
+        streamed = headers.get("content-type", "").startswith("text/event-stream")
+        if not writes or (streamed and not self._duplex_response):
             # A stream's body goes to the observe filter, unheld; a failure has nothing to read.
             await self._state.apply(writes)
             return reply
-        self._observer = ResponseObserver(routed.api, streaming=False)
+        self._observer = ResponseObserver(routed.api, streaming=streamed)
+        self._turn = turn
+        if streamed:
+            # Full duplex: this stream sees the chunks itself, as the observe filter would.
+            await self._state.apply(writes)
+            self._sse = None
+            return reply
         if message.end_of_stream:
             await self._state.apply([*writes, *self._router.finished(turn, self._observer.summary)])
             return reply
         self._held = writes
-        self._turn = turn
-        reply.mode_override.CopyFrom(_BUFFER_RESPONSE)
+        if not self._duplex_response:
+            reply.mode_override.CopyFrom(_BUFFER_RESPONSE)
         return reply
+
+    def _diagnostic_headers(self, routed: Routed) -> list[core.HeaderValueOption]:
+        """The diagnostics as response headers too, for gateways that do not render the
+        ``saar`` metadata (a local Envoy renders the same values from it)."""
+        out = [_header(name, value) for name, value in routed.diagnostics.items()]
+        if routed.workers:
+            out.append(_header(PICK_HEADER, routed.workers[0]))
+        return out
 
     async def _on_response_body(self, message: ep.HttpBody) -> ep.ProcessingResponse:
         if self._observer is not None and self._turn is not None and self._held:
@@ -342,6 +517,38 @@ class ExtProcStream:
             self._held = []
             await self._state.apply(writes)
         return _passthrough("response_body")
+
+    async def _on_streamed_response_body(self, message: ep.HttpBody) -> Reply:
+        """Full duplex: every chunk goes straight back. Ids it carries are claimed first (the
+        client may answer a tool call the moment it reads it); a JSON answer's commit and ids
+        are written before its last chunk is let through."""
+        observer, turn = self._observer, self._turn
+        if observer is not None and turn is not None and not self._finished:
+            body, end = message.body, message.end_of_stream
+            writes: list[Write] = []
+            if observer.streaming:
+                if self._sse is None and body.strip():
+                    self._sse = _is_event_stream(body)
+                observer.feed(body, end=end)
+                if self._sse:
+                    fresh = [i for i in issued(observer.summary) if i not in self._claimed]
+                    claim = self._router.claim(turn, fresh)
+                    if claim is not None:
+                        self._claimed += fresh
+                        writes.append(claim)
+                    if observer.done:
+                        writes += self._router.finished(turn, observer.summary, self._claimed)
+                if observer.done:
+                    self._finished = True
+            else:
+                observer.feed(body, end=end)
+                if end:
+                    writes = [*self._held, *self._router.finished(turn, observer.summary)]
+                    self._held = []
+                    self._finished = True
+            if writes:
+                await self._state.apply(writes)
+        return streamed_body("response_body", message.body, end=message.end_of_stream)
 
     # -- observe stream ----------------------------------------------------------------------
 

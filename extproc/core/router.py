@@ -169,9 +169,11 @@ class Router:
                 lambda m: self.pools.cached_tokens(prompt, m),
             )
             bound = state.worker if state is not None and state.model == decision.model else None
+            pinned = decision.pinned_worker
+            if pinned is None and decision.lock is None:
+                pinned = _issuer(owners, summary, decision.model)
             placement = self.pools.place(
-                prompt, decision.model, identity.key, subset,
-                bound=bound, pinned=decision.pinned_worker,
+                prompt, decision.model, identity.key, subset, bound=bound, pinned=pinned,
             )
         except RoutingError as exc:
             self.metrics.errors.labels(exc.code).inc()
@@ -355,6 +357,20 @@ def outcome_of(
             },
         )
     return out
+
+
+def _issuer(owners: Mapping[str, Owner], request: RequestSummary, model: str) -> str | None:
+    """The worker of ``model`` that issued what the request continues (its pending tool calls,
+    its provider state): a physical model name skips SAAR's locks, not the worker they pin to
+    (an endpoint picker behind the model router sees physical names only)."""
+    ids = [*request.tool_result_ids, *request.provider_state]
+    if request.previous_response_id:
+        ids.append(request.previous_response_id)
+    for key in ids:
+        owner = owners.get(key)
+        if owner is not None and owner.model == model and owner.worker:
+            return owner.worker
+    return None
 
 
 def _by_id(owners: Mapping[str, Owner], tenant: str) -> dict[str, Owner]:

@@ -93,6 +93,9 @@ class Pools:
             max_sessions=config.memory.max_sessions, prefer=self.admission.preferred_worker,
         )
         self._models = tuple(config.models)
+        self.required = scheduling.pool_name is not None
+        """An endpoint picker always sends a pick (the Endpoint Picker Protocol), also from a
+        pool of one; no eligible worker is a 503 there, never a request left to the proxy."""
 
     def blocks(self, prompt: Prompt, model: str) -> tuple[int, ...]:
         found = prompt._blocks.get(model)
@@ -127,10 +130,10 @@ class Pools:
     ) -> Placement:
         """Score ``model``'s workers; 503 when none is eligible, 429 when all are overloaded.
         ``bound`` is the session's worker (affinity), ``pinned`` a hard lock's worker, first
-        while eligible. A single-worker pool with no subset hint is left to Envoy: nothing to
-        choose."""
+        while eligible. A single-worker pool with no subset hint is left to Envoy (nothing to
+        choose), unless this process is an endpoint picker (``required``)."""
         pool = self.registry.pool(model)
-        if not self.enabled or (len(pool) <= 1 and subset is None):
+        if not self.enabled or (len(pool) <= 1 and subset is None and not self.required):
             return Placement(())
         request = SchedulingRequest(
             model, session_key, self.blocks(prompt, model), prompt.request.context_tokens,
@@ -193,4 +196,4 @@ class Pools:
 
     def _scored_pool(self, model: str) -> Sequence[Worker]:
         pool = self.registry.pool(model)
-        return pool if self.enabled and len(pool) > 1 else ()
+        return pool if self.enabled and (len(pool) > 1 or self.required) else ()

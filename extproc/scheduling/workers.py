@@ -34,7 +34,9 @@ class WorkerRegistry:
         self._staleness = staleness_seconds
         self._configured = {name: _specs(model) for name, model in models.items()}
         self._pools: dict[str, dict[str, Worker]] = {}
-        self._rebuild({})
+        self._sources: dict[str, Mapping[str, tuple[WorkerSpec, ...]]] = {}
+        """Workers from elsewhere than the config: the workers file, Kubernetes discovery."""
+        self._rebuild()
 
     def pool(self, model: str) -> list[Worker]:
         """The workers of ``model`` with their ``stale`` flag brought up to date."""
@@ -82,15 +84,23 @@ class WorkerRegistry:
         """Replace the file's workers with what ``path`` now says; workers that stay keep their
         signals and in-flight counts. Returns the addresses that left every pool (so their prefix
         index can be dropped). A bad file raises ``ConfigError`` and changes nothing."""
+        return self.set_source("file", load_workers_file(path, known=self._configured.keys()))
+
+    def set_source(self, name: str, specs: Mapping[str, tuple[WorkerSpec, ...]]) -> tuple[str, ...]:
+        """Replace the workers source ``name`` brings (``{model: specs}``, models unknown to
+        the config ignored); workers that stay keep their signals and in-flight counts.
+        Returns the addresses that left every pool."""
         before = {w.address for w in self._all()}
-        self._rebuild(load_workers_file(path, known=self._configured.keys()))
+        self._sources[name] = specs
+        self._rebuild()
         return tuple(sorted(before - {w.address for w in self._all()}))
 
-    def _rebuild(self, from_file: Mapping[str, tuple[WorkerSpec, ...]]) -> None:
+    def _rebuild(self) -> None:
         pools: dict[str, dict[str, Worker]] = {}
         for model, configured in self._configured.items():
             pool = pools[model] = {}
-            for spec in (*configured, *from_file.get(model, ())):
+            extra = [spec for source in self._sources.values() for spec in source.get(model, ())]
+            for spec in (*configured, *extra):
                 if spec.address in pool:
                     continue
                 worker = self._pools.get(model, {}).get(spec.address) or Worker(spec.address, model)

@@ -1,12 +1,24 @@
-"""Wires the router into a running service: the gRPC ext_proc server with gRPC health, and the
-HTTP port. The only module that owns sockets and background tasks."""
+"""Wires the router into a running service: the gRPC ext_proc server with gRPC health (TLS when
+``server.tls.enabled``), an optional plaintext health port, and the HTTP port. The only module
+that owns sockets and background tasks.
+
+Health: ``liveness`` serves while the process does. ``readiness`` (and the ext_proc service's
+own name, as the Endpoint Picker Protocol asks) is NOT_SERVING until the workers are known —
+Kubernetes discovery has listed the pool's pods — and the shared store has answered once; then
+it serves until the drain. A store outage later does not take readiness down: the state layer
+serves from local state meanwhile, and every replica turning unready at once would fail all
+traffic closed.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import grpc
 from aiohttp import web
@@ -15,16 +27,28 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from .._proto import replay_pb2_grpc
 from ..adapter.servicer import ExternalProcessor
-from ..config import Config
+from ..adapter.stream import StreamOptions
+from ..config import Config, ConfigError, WorkerSpec
 from ..core.router import Router
 from ..observability.metrics import Metrics
 from ..state.layer import StateLayer
 from .http_api import build_http_app
 from .replay_service import ReplayService
+from .roles import pool_config
 from .tasks import Background
+from .tls import CertificateFiles, server_credentials
+
+if TYPE_CHECKING:
+    from ..scheduling.discovery import KubernetesDiscovery
+
+log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 HEALTH_SERVICES = ("", "liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor")
+READY_SERVICES = ("readiness", "envoy.service.ext_proc.v3.ExternalProcessor")
+READY_POLL_SECONDS = 0.1
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 @dataclass
@@ -37,15 +61,52 @@ class RunningService:
     http_port: int
     background: Background
     health: health.aio.HealthServicer
+    health_server: grpc.aio.Server | None = None
+    health_port: int | None = None
+    discovery: KubernetesDiscovery | None = None
+    certificates: CertificateFiles | None = None
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    _gate: asyncio.Task[None] | None = None
+    _draining: bool = False
 
     async def drain(self, seconds: float) -> None:
         """Say not ready (Envoy's health check stops sending new streams here), then give
         the streams in flight time to end: a rolling update loses no request."""
-        await self.health.set("readiness", health_pb2.HealthCheckResponse.NOT_SERVING)
+        self._draining = True
+        for name in READY_SERVICES:
+            await self.health.set(name, NOT_SERVING)
         await asyncio.sleep(seconds)
 
+    async def _readiness(self) -> None:
+        """Serve ``readiness`` once the workers are synced and the store has answered."""
+        shared = self.state.shared
+        while True:
+            synced = self.discovery is None or self.discovery.synced
+            store = shared is None
+            if synced and shared is not None:
+                try:
+                    await asyncio.wait_for(shared.ping(), 1.0)
+                    store = True
+                except Exception as exc:  # unreachable yet: try again
+                    log.info("not ready: the shared store does not answer (%s)", exc)
+            if synced and store:
+                break
+            await asyncio.sleep(READY_POLL_SECONDS)
+        if not self._draining:
+            for name in READY_SERVICES:
+                await self.health.set(name, SERVING)
+            self.ready.set()
+
     async def stop(self) -> None:
+        if self._gate is not None:
+            self._gate.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._gate
+        if self.discovery is not None:
+            self.discovery.stop()
         await self.background.stop()
+        if self.health_server is not None:
+            await self.health_server.stop(grace=0.5)
         await self.grpc_server.stop(grace=1.0)
         await self.http_runner.cleanup()
         await self.state.stop()
@@ -53,7 +114,15 @@ class RunningService:
 
 
 async def start(config: Config, router: Router | None = None) -> RunningService:
-    """Start both ports (port 0 picks a free one) and return once they accept connections."""
+    """Start the ports (port 0 picks a free one) and return once they accept connections
+    (``readiness`` may follow later: see the module's docstring). With
+    ``scheduling.pool_name`` the service is that pool's endpoint picker (``pool_config``)."""
+    if config.scheduling.pool_name is not None:
+        config = pool_config(config, config.scheduling.pool_name,
+                             source="scheduling.pool_name")
+    elif config.scheduling.discovery.mode == "kubernetes":
+        raise ConfigError("scheduling.discovery: kubernetes discovery finds one pool's workers: "
+                          "give the pool (--pool-name / scheduling.pool_name)")
     metrics = router.metrics if router is not None else Metrics()
     state = StateLayer.from_config(config, clock=time.time, metrics=metrics)
     router = router or Router(config, metrics=metrics, secret=await state.tenant_secret(config))
@@ -66,14 +135,30 @@ async def start(config: Config, router: Router | None = None) -> RunningService:
             ("grpc.so_reuseport", 0),
         ]
     )
-    ep_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(router, state), server)
+    options = StreamOptions(config.routing.model_header, config.scheduling.pool_name)
+    ep_grpc.add_ExternalProcessorServicer_to_server(
+        ExternalProcessor(router, state, options), server)
     replay_pb2_grpc.add_ReplayServicer_to_server(ReplayService(router.replay), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    grpc_port = server.add_insecure_port(f"{config.server.host}:{config.server.grpc_port}")
-    await server.start()
     for name in HEALTH_SERVICES:
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        await health_servicer.set(name, NOT_SERVING if name in READY_SERVICES else SERVING)
+    address = f"{config.server.host}:{config.server.grpc_port}"
+    certificates = None
+    if config.server.tls.enabled:
+        credentials, certificates = server_credentials(config.server.tls)
+        grpc_port = server.add_secure_port(address, credentials)
+    else:
+        grpc_port = server.add_insecure_port(address)
+    await server.start()
+    health_server, health_port = None, None
+    if config.server.health_port is not None:
+        # kubelet's gRPC probes speak plaintext: health only, nothing else on this port.
+        health_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, health_server)
+        health_port = health_server.add_insecure_port(
+            f"{config.server.host}:{config.server.health_port}")
+        await health_server.start()
 
     runner = web.AppRunner(build_http_app(router), access_log=None)
     await runner.setup()
@@ -82,8 +167,43 @@ async def start(config: Config, router: Router | None = None) -> RunningService:
     http_port = runner.addresses[0][1]
     background = Background(router)
     background.start()
-    return RunningService(router, state, server, runner, grpc_port, http_port, background,
-                          health_servicer)
+    discovery = _discovery(config, router)
+    running = RunningService(router, state, server, runner, grpc_port, http_port, background,
+                             health_servicer, health_server, health_port, discovery,
+                             certificates)
+    if discovery is None and state.shared is None:
+        for name in READY_SERVICES:  # nothing to wait for
+            await health_servicer.set(name, SERVING)
+        running.ready.set()
+    else:
+        running._gate = asyncio.create_task(running._readiness(), name="readiness-gate")
+    return running
+
+
+def _discovery(config: Config, router: Router) -> KubernetesDiscovery | None:
+    """Kubernetes discovery of the pool's workers, published onto this loop."""
+    found = config.scheduling.discovery
+    model = config.scheduling.pool_name
+    if found.mode != "kubernetes" or model is None:
+        return None
+    assert found.inference_pool is not None  # the config's schema guarantees it
+    from ..scheduling.discovery import KubernetesDiscovery, default_namespace
+
+    loop = asyncio.get_running_loop()
+    pools = router.pools
+
+    def apply(endpoints: tuple[str, ...]) -> None:
+        specs = tuple(WorkerSpec(address=e) for e in endpoints)
+        for address in pools.registry.set_source("kubernetes", {model: specs}):
+            pools.index.forget(address)
+
+    def publish(endpoints: tuple[str, ...]) -> None:
+        loop.call_soon_threadsafe(apply, endpoints)
+
+    discovery = KubernetesDiscovery(
+        found.namespace or default_namespace(), found.inference_pool, publish)
+    discovery.start()
+    return discovery
 
 
 async def serve_forever(config: Config) -> None:
@@ -92,8 +212,12 @@ async def serve_forever(config: Config) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    print(f"saar: ext_proc on {config.server.host}:{service.grpc_port}, "
-          f"http on {config.server.host}:{service.http_port}", flush=True)
+    tls = " (TLS)" if config.server.tls.enabled else ""
+    health_port = f", health on {service.health_port}" if service.health_port else ""
+    role = f", endpoint picker of {service.router.config.scheduling.pool_name}" if (
+        service.router.config.scheduling.pool_name) else ""
+    print(f"saar: ext_proc on {config.server.host}:{service.grpc_port}{tls}, "
+          f"http on {config.server.host}:{service.http_port}{health_port}{role}", flush=True)
     await stop.wait()
     await service.drain(config.server.drain_seconds)
     await service.stop()

@@ -75,7 +75,8 @@ async def test_routes_rewrites_and_emits_metadata(replica):
     common = reply.request_body.response
     body = common.body_mutation.body
     assert orjson.loads(body)["model"] == "qwen3-32b"
-    assert set_headers(common) == {"x-saar-cluster": "qwen3-32b", "content-length": str(len(body))}
+    assert set_headers(common) == {"x-saar-cluster": "qwen3-32b", "content-length": str(len(body)),
+                                   "x-gateway-model-name": "qwen3-32b"}
     assert common.clear_route_cache
     meta = reply.dynamic_metadata.fields["saar"].struct_value.fields
     assert meta["selected_model"].string_value == "qwen3-32b"
