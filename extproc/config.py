@@ -36,11 +36,13 @@ _ADDRESS = r"^[^\s:/]+:\d{1,5}$|^\[[0-9a-fA-F:.]+\]:\d{1,5}$"
 _HEADER = r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$"
 _REDIS_URL = r"^(redis|rediss|unix)://"
 _KEY_PREFIX = r"^[A-Za-z0-9_.-]{1,64}$"
+_ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 _FORMS = {
     _ADDRESS: "host:port",
     _HEADER: "an HTTP header name",
     _REDIS_URL: "redis://host:port/db (or rediss://, unix://)",
     _KEY_PREFIX: "1-64 letters, digits, '_', '.', '-'",
+    _ENV_NAME: "an environment variable name",
 }
 """What each pattern asks for, in words, for the error messages."""
 Address = Annotated[StrictStr, Field(pattern=_ADDRESS)]
@@ -248,6 +250,57 @@ class Replay:
 
 
 @dataclass(frozen=True, config=_SCHEMA)
+class Admin:
+    """The credential of the admin surfaces: the replay API (HTTP and gRPC) and the web view.
+    Without a token they answer 403 saying how to set one; ``/metrics`` and ``/healthz`` stay
+    open (Prometheus and probes)."""
+
+    token_file: StrictStr | None = None
+    """A file whose content (surrounding whitespace stripped) is the admin token."""
+    token_env: Annotated[StrictStr, Field(pattern=_ENV_NAME)] | None = None
+    """An environment variable holding the token, read when there is no ``token_file``."""
+
+
+@dataclass(frozen=True, config=_SCHEMA)
+class Otlp:
+    """OpenTelemetry traces over OTLP/gRPC: a span per routed request. Off, nothing of
+    OpenTelemetry is imported (``pip install 'saar-extproc[otel]'`` to turn it on)."""
+
+    enabled: StrictBool = False
+    endpoint: StrictStr = "http://127.0.0.1:4317"
+    """The collector's OTLP/gRPC address; ``https://`` for TLS."""
+    headers: dict[StrictStr, StrictStr] = field(default_factory=dict)
+    """Sent with every export (a collector's API key, for instance)."""
+    service_name: Name = "saar-extproc"
+    sample_ratio: Fraction = 1.0
+    """Of the traces the client did not decide (a sampled ``traceparent`` is always kept)."""
+    timeout_seconds: Positive = 10.0
+
+
+@dataclass(frozen=True, config=_SCHEMA)
+class SharedReplay:
+    """Replay records in the shared store (``state.store: redis``), written off the request
+    path, so an ``x-replay-id`` one replica gave resolves on every other."""
+
+    enabled: StrictBool = True
+    ttl_seconds: Positive = 3600.0
+    """A record lives this long in the store (memory ≈ request rate × TTL × ~2 KB)."""
+    session_records: AtLeastOne = 256
+    """Ids kept per session (the newest)."""
+    flush_seconds: Annotated[Number, Field(gt=0, le=10)] = 0.05
+    max_pending: AtLeastOne = 10_000
+    """Records waiting to be written; beyond, the oldest wait is dropped (and counted)."""
+
+
+@dataclass(frozen=True, config=_SCHEMA)
+class Observability:
+    otlp: Otlp = field(default_factory=Otlp)
+    shared_replay: SharedReplay = field(default_factory=SharedReplay)
+    session_idle_seconds: Positive = 300.0
+    """A session idle this long is over for the per-session metrics (turns, switches...)."""
+
+
+@dataclass(frozen=True, config=_SCHEMA)
 class PrefixIndexConfig:
     """``approximate`` learns from routing (character blocks); ``precise`` reads the servers' KV
     events and needs the model's ``tokenizer.json``."""
@@ -357,6 +410,8 @@ class Config:
     health: Health = field(default_factory=Health)
     scheduling: Scheduling = field(default_factory=Scheduling)
     replay: Replay = field(default_factory=Replay)
+    admin: Admin = field(default_factory=Admin)
+    observability: Observability = field(default_factory=Observability)
 
 
 _ADAPTER = TypeAdapter(Config)

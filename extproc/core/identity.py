@@ -123,6 +123,11 @@ class IdentityReader:
             return "k-" + self.tenant_of(credential)
         return "anonymous"
 
+    def tenant(self, headers: Mapping[str, str]) -> str:
+        """The tenant ``read`` gives these headers: the admin API scopes a caller's lookups by
+        the tenant its LLM credential routes under."""
+        return self._tenant(headers)
+
     def tenant_of(self, credential: str) -> str:
         """The keyed hash a credential is known by (96 bits: no collision in practice)."""
         return hashlib.blake2b(credential.encode(), key=self.secret, digest_size=12).hexdigest()

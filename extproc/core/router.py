@@ -17,6 +17,7 @@ Envoy, gRPC or a store server.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -59,6 +60,24 @@ class Request:
     query: Query
     started: float
     """``time.perf_counter()`` when reading began (the decision latency metric)."""
+    parsed: float = 0.0
+    identified: float = 0.0
+    """``time.perf_counter()`` when the body was parsed and when the identity was read."""
+
+
+@dataclass(frozen=True, slots=True)
+class Timings:
+    """Where one request's routing time went, in seconds, as the core measured it; the replay
+    record carries it to the metrics, the web view and the service's trace spans."""
+
+    parse: float
+    identity: float
+    load: float
+    """Between ``read`` and ``route``: the servicer loading the facts from the state layer."""
+    saar: float
+    scheduling: float
+    plugins: Mapping[str, float] = field(default_factory=dict)
+    """The scheduler's timing of each of its plugins, in the order they ran."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +130,7 @@ class Router:
         self.engine = SaarEngine(config, self.health, clock=clock, selector=selector)
         self.pools = Pools(config, clock=clock)
         sink = JsonlSink(config.replay.jsonl_path) if config.replay.jsonl_path else None
-        self.replay = ReplayStore(config.replay.capacity, sink)
+        self.replay = ReplayStore(config.replay.capacity, sink, clock=clock)
         self._trace_sink = (
             JsonlSink(config.replay.mooncake_trace_path)
             if config.replay.mooncake_trace_path else None
@@ -133,6 +152,7 @@ class Router:
         except RoutingError as exc:
             self.metrics.errors.labels(exc.code).inc()
             raise
+        parsed = time.perf_counter()
         identity = self.identity.read(headers, summary)
         tenant = identity.tenant
         ids = [*summary.tool_result_ids, *summary.provider_state]
@@ -142,7 +162,7 @@ class Router:
             if identity.session_id is None:
                 chain = scoped(tenant, summary.previous_response_id)
         query = Query(identity.key, tuple(scoped(tenant, i) for i in ids), chain)
-        return Request(summary, identity, headers, query, started)
+        return Request(summary, identity, headers, query, started, parsed, time.perf_counter())
 
     def route(
         self,
@@ -154,6 +174,7 @@ class Router:
     ) -> Routed:
         """Decide where the request goes: model, then worker. Raises ``RoutingError`` (already
         counted); ``SessionPaused`` unless ``admit_paused`` (a hold that timed out)."""
+        began = time.perf_counter()
         summary = request.summary
         identity = chained(request.identity, facts.session_key)
         state = facts.session if identity.key == facts.session_key else None
@@ -162,12 +183,13 @@ class Router:
                 assert identity.key is not None
                 tick = self.config.scheduling.admission.tick_seconds
                 raise SessionPaused(identity.key, retry_after=max(1, round(tick)))
-            prompt = Prompt(summary)
-            owners = _by_id(facts.owners, identity.tenant)
+            prompt = Prompt(summary, identity.key)
+            owners = _owners(facts, state, identity)
             decision = self.engine.decide(
                 summary, identity, request.headers, state, owners,
                 lambda m: self.pools.cached_tokens(prompt, m),
             )
+            decided = time.perf_counter()
             bound = state.worker if state is not None and state.model == decision.model else None
             pinned = decision.pinned_worker
             if pinned is None and decision.lock is None:
@@ -178,6 +200,12 @@ class Router:
         except RoutingError as exc:
             self.metrics.errors.labels(exc.code).inc()
             raise
+        placed = time.perf_counter()
+        timings = Timings(
+            request.parsed - request.started, request.identified - request.parsed,
+            began - request.identified, decided - began, placed - decided,
+            placement.result.durations if placement.result is not None else {},
+        )
         now = self.clock()
         replay_id = self.replay.new_id()
         turn = Turn(
@@ -186,7 +214,8 @@ class Router:
             placement.worker, identity.final,
         )
         self.replay.put(decision_record(replay_id, now, summary, identity, decision,
-                                        placement, state))
+                                        placement, state, timings,
+                                        request.headers.get("traceparent")))
         self.pools.started(placement, identity.key, summary.context_tokens)
         if placement.worker is not None:
             self.metrics.worker_picks.labels(decision.model, placement.worker).inc()
@@ -231,9 +260,12 @@ class Router:
         """A successful answer ended: the turn is committed (if the answer got here before
         the status did), the ids it issued and not yet ``claimed`` are claimed, its usage
         kept."""
-        writes: list[Write] = [Finish(turn, bool(response.tool_call_ids), response.usage)]
+        ids = issued(response)
+        writes: list[Write] = [
+            Finish(turn, bool(response.tool_call_ids), response.usage, tuple(ids))
+        ]
         done = set(claimed)
-        claim = self.claim(turn, [i for i in issued(response) if i not in done])
+        claim = self.claim(turn, [i for i in ids if i not in done])
         if claim is not None:
             writes.append(claim)
         return writes
@@ -373,10 +405,18 @@ def _issuer(owners: Mapping[str, Owner], request: RequestSummary, model: str) ->
     return None
 
 
-def _by_id(owners: Mapping[str, Owner], tenant: str) -> dict[str, Owner]:
-    """Owners keyed by the bare id, as the engine looks them up."""
-    cut = len(tenant) + 1
-    return {key[cut:]: owner for key, owner in owners.items()}
+def _owners(
+    facts: Facts, state: SessionRecord | None, identity: SessionIdentity
+) -> dict[str, Owner]:
+    """Who issued the ids, keyed by the bare id as the engine looks them up: what the session
+    record says of its last answer's ids, then what the store's owner keys say."""
+    owners: dict[str, Owner] = {}
+    if state is not None and state.issued:
+        issuer = Owner(state.model, state.issued_worker, identity.key)
+        owners = dict.fromkeys(state.issued, issuer)
+    cut = len(identity.tenant) + 1
+    owners.update((key[cut:], owner) for key, owner in facts.owners.items())
+    return owners
 
 
 def diagnostics(
@@ -401,9 +441,14 @@ def decision_record(
     decision: RoutingDecision,
     placement: Placement,
     state: SessionRecord | None,
+    timings: Timings | None = None,
+    traceparent: str | None = None,
 ) -> dict[str, Any]:
     """The content-free replay record of one decision; ``memory`` is the session's record as
-    the decision saw it (``previous_replay_id`` chains a session's records)."""
+    the decision saw it (``previous_replay_id`` chains a session's records). It holds what
+    ``saar replay what-if`` needs to decide the turn again (the matched decision and whether it
+    matched on content, a fingerprint of the provider state referenced), the core's timings,
+    and the client's W3C ``traceparent`` when well formed (the service's span continues it)."""
     base = decision.base
     result = placement.result
     return {
@@ -443,6 +488,8 @@ def decision_record(
             "tools_offered": len(request.tools_offered),
             "tool_results": max(request.tool_results, len(request.tool_result_ids)),
             "previous_response_id": request.previous_response_id is not None,
+            "previous_response_ref": None
+            if request.previous_response_id is None else id_ref(request.previous_response_id),
             "provider_state_items": len(request.provider_state),
         },
         "base": None
@@ -452,6 +499,7 @@ def decision_record(
             "model": base.model,
             "difficulty": round(base.difficulty, 4),
             "matched": base.matched,
+            "topical": base.topical,
             "confidence": round(base.confidence, 4),
             "scores": {k: round(v, 4) for k, v in base.scores.items()},
         },
@@ -486,5 +534,31 @@ def decision_record(
             "fallbacks": list(placement.workers[1:]),
             "matched_blocks": dict(result.matched_blocks),
             "scores": {k: round(v, 4) for k, v in result.total.items()},
+            "by_scorer": {name: {k: round(v, 4) for k, v in scores.items()}
+                          for name, scores in result.scores.items()},
         },
+        "timings_us": None
+        if timings is None
+        else {
+            "parse": _us(timings.parse),
+            "identity": _us(timings.identity),
+            "load": _us(timings.load),
+            "saar": _us(timings.saar),
+            "scheduling": _us(timings.scheduling),
+            "plugins": {name: _us(seconds) for name, seconds in timings.plugins.items()},
+        },
+        "traceparent": traceparent
+        if traceparent is not None and _TRACEPARENT.fullmatch(traceparent) else None,
     }
+
+
+_TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+
+
+def id_ref(value: str) -> str:
+    """A fingerprint of an id for the record (the what-if matches references to issuers)."""
+    return xxhash.xxh3_64_hexdigest(value.encode())
+
+
+def _us(seconds: float) -> float:
+    return round(seconds * 1e6, 1)

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+_FAST = (0.000005, 0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.01)
+_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
 
 class Metrics:
     def __init__(self) -> None:
@@ -26,7 +29,8 @@ class Metrics:
         )
         self.stripped_headers = Counter(
             "saar_stripped_headers",
-            "Client-supplied routing headers removed before routing",
+            "Client-supplied routing headers removed before routing (header: a name routing "
+            "trusts, else other)",
             ["header"],
             registry=r,
         )
@@ -78,6 +82,42 @@ class Metrics:
         )
         self.store_backlog = Gauge(
             "saar_store_backlog", "Write batches waiting for the shared store to come back",
+            registry=r,
+        )
+        self.plugin_seconds = Histogram(
+            "saar_scheduling_plugin_seconds",
+            "Time each scheduling plugin (filter, scorer, picker, index) took per request",
+            ["plugin"], buckets=_FAST, registry=r,
+        )
+        self.overhead_seconds = Histogram(
+            "saar_router_overhead_seconds",
+            "Processor time per routed request: every message the routing stream waited on",
+            buckets=(0.00025, 0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.05, 0.25, 1.0),
+            registry=r,
+        )
+        self.session_duration = Histogram(
+            "saar_session_duration_seconds", "Sessions ended: first request to last answer",
+            buckets=(1, 10, 30, 60, 300, 900, 1800, 3600, 4 * 3600, 24 * 3600), registry=r,
+        )
+        self.session_turns = Histogram(
+            "saar_session_turns", "Sessions ended: requests routed", buckets=_COUNTS, registry=r
+        )
+        self.session_switches = Histogram(
+            "saar_session_switches", "Sessions ended: model switches",
+            buckets=(0, 1, 2, 3, 5, 8, 13, 21), registry=r,
+        )
+        self.session_locked_turns = Histogram(
+            "saar_session_locked_turns", "Sessions ended: turns a hard lock kept on their model",
+            buckets=_COUNTS, registry=r,
+        )
+        self.session_tool_seconds = Histogram(
+            "saar_session_tool_seconds",
+            "Tool time between turns: an answer that called tools to the next request",
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300), registry=r,
+        )
+        self.replay_dropped = Counter(
+            "saar_replay_shared_dropped",
+            "Replay records not written to the shared store (its write queue was full)",
             registry=r,
         )
         self.store_dropped = Counter(

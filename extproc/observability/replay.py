@@ -2,25 +2,53 @@
 
 A record is written when the decision is made and completed with the response outcome when it
 arrives. Records are content-free: counts, ids, scores and prices, never prompt text. The store is
-bounded in memory; an optional JSONL sink keeps every event on disk, written by a background
-thread so the event loop never blocks on a file.
+bounded in memory, and so is everything beside it: the per-session index holds only ids of
+records still kept (at most ``SESSION_RECORDS_KEPT`` per session), keyed by tenant and session
+id, so one tenant's session id never reaches another's records. Ids are random (128 bits): an id
+seen tells nothing of its neighbours. An optional JSONL sink keeps every event on disk, written by
+a background thread so the event loop never blocks on a file; listeners (the per-session metrics,
+the shared store's writer, trace spans) are told of each record and outcome as it lands.
 """
 
 from __future__ import annotations
 
-import itertools
-import os
 import queue
+import secrets
 import threading
+import time
 from collections import OrderedDict, deque
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
-from cachetools import LRUCache
+
+from ..types import Clock
 
 Record = dict[str, Any]
 SESSION_RECORDS_KEPT = 256
+ID_PREFIX = "rp-"
+ID_BYTES = 16
+
+SessionKey = tuple[str, str]
+"""(tenant, session id): how records are indexed and looked up."""
+
+
+def session_key(record: Record) -> SessionKey | None:
+    session = record.get("session") or {}
+    if not session.get("id"):
+        return None
+    return (str(session.get("tenant") or ""), str(session["id"]))
+
+
+class RecordListener(Protocol):
+    """Told of every record as it lands; called on the request path, so it must be quick."""
+
+    def recorded(self, record: Record) -> None:
+        """A decision record was written."""
+
+    def completed(self, record: Record) -> None:
+        """The record's outcome grew (the status; later what the answer carried)."""
 
 
 class JsonlSink:
@@ -57,62 +85,131 @@ class JsonlSink:
 
 
 class ReplayStore:
-    def __init__(self, capacity: int, sink: JsonlSink | None = None) -> None:
+    def __init__(
+        self, capacity: int, sink: JsonlSink | None = None, *, clock: Clock = time.time
+    ) -> None:
         self._capacity = capacity
         self._records: OrderedDict[str, Record] = OrderedDict()
-        self._by_session: LRUCache[str, deque[str]] = LRUCache(maxsize=capacity)
+        self._sessions: OrderedDict[SessionKey, deque[str]] = OrderedDict()
+        """Most recently active session last; each holds ids of kept records, oldest first."""
         self._sink = sink
-        self._prefix = "rp-" + os.urandom(4).hex() + "-"
-        self._counter = itertools.count(1)
+        self._clock = clock
+        self._listeners: list[RecordListener] = []
 
-    def new_id(self) -> str:
-        return f"{self._prefix}{next(self._counter):x}"
+    @staticmethod
+    def new_id() -> str:
+        return ID_PREFIX + secrets.token_urlsafe(ID_BYTES)
+
+    def subscribe(self, listener: RecordListener) -> None:
+        self._listeners.append(listener)
 
     def put(self, record: Record) -> None:
         replay_id = record["replay_id"]
         self._records[replay_id] = record
         if len(self._records) > self._capacity:
-            self._records.popitem(last=False)
-        session = record.get("session", {}).get("id")
-        if session:
-            ids = self._by_session.get(session)
+            self._evicted(*self._records.popitem(last=False))
+        key = session_key(record)
+        if key is not None:
+            ids = self._sessions.get(key)
             if ids is None:
-                ids = self._by_session[session] = deque(maxlen=SESSION_RECORDS_KEPT)
+                ids = self._sessions[key] = deque(maxlen=SESSION_RECORDS_KEPT)
+            else:
+                self._sessions.move_to_end(key)
             ids.append(replay_id)
         if self._sink is not None:
             self._sink.write({"event": "decision", **record})
+        for listener in self._listeners:
+            listener.recorded(record)
 
     def complete(self, replay_id: str, outcome: Record) -> None:
         """Add to the record's outcome: the routing stream and the observe stream each know a
-        part (the status and worker; what a streamed answer carried), in either order."""
+        part (the status and worker; what a streamed answer carried), in either order. The
+        status arrives with the response headers: ``headers_ms`` stamps when, after the
+        decision (the time to first byte of a streamed answer)."""
         record = self._records.get(replay_id)
         if record is not None:
-            record.setdefault("outcome", {}).update(outcome)
+            done = record.setdefault("outcome", {})
+            if "status" in outcome and "headers_ms" not in done:
+                outcome = {**outcome,
+                           "headers_ms": round((self._clock() - record["time"]) * 1000, 3)}
+            done.update(outcome)
         if self._sink is not None:
             self._sink.write({"event": "outcome", "replay_id": replay_id, "outcome": outcome})
+        if record is not None:
+            for listener in self._listeners:
+                listener.completed(record)
 
     def get(self, replay_id: str) -> Record | None:
         return self._records.get(replay_id)
 
-    def for_session(self, session_id: str) -> list[Record]:
-        ids = self._by_session.get(session_id, ())
-        return [r for i in ids if (r := self._records.get(i)) is not None]
+    def for_session(self, session_id: str, tenant: str | None = None) -> list[Record]:
+        """The kept records of ``tenant``'s session ``session_id`` in time order; every
+        tenant's session of that id when ``tenant`` is None (the admin's view)."""
+        if tenant is not None:
+            keys: list[SessionKey] = [(tenant, session_id)]
+        else:
+            keys = [k for k in self._sessions if k[1] == session_id]
+        found = [r for key in keys for i in self._sessions.get(key, ())
+                 if (r := self._records.get(i)) is not None]
+        return sorted(found, key=lambda r: r["time"]) if len(keys) > 1 else found
+
+    def sessions(self, tenant: str | None = None, limit: int = 50) -> list[SessionKey]:
+        """The most recently active sessions first (``tenant``'s only, unless None)."""
+        out: list[SessionKey] = []
+        for key in reversed(self._sessions):
+            if tenant is None or key[0] == tenant:
+                out.append(key)
+                if len(out) >= limit:
+                    break
+        return out
+
+    def index_size(self) -> int:
+        """Ids in the per-session index (never more than the records kept)."""
+        return sum(len(ids) for ids in self._sessions.values())
 
     def close(self) -> None:
         if self._sink is not None:
             self._sink.close()
 
+    def _evicted(self, replay_id: str, record: Record) -> None:
+        """Records leave oldest first, so an evicted record still indexed heads its session."""
+        key = session_key(record)
+        if key is None:
+            return
+        ids = self._sessions.get(key)
+        if ids and ids[0] == replay_id:
+            ids.popleft()
+            if not ids:
+                del self._sessions[key]
+
+
+def _events(path: str | Path) -> Iterator[Record]:
+    with Path(path).open("rb") as lines:
+        for line in lines:
+            if line.strip():
+                yield orjson.loads(line)
+
+
+def read_records(path: str | Path) -> list[Record]:
+    """Every record of a JSONL sink file, each decision with its outcome, in written order."""
+    found: dict[str, Record] = {}
+    for event in _events(path):
+        replay_id = str(event.get("replay_id"))
+        if event.get("event") == "decision":
+            found[replay_id] = {k: v for k, v in event.items() if k != "event"}
+        elif replay_id in found:
+            found[replay_id].setdefault("outcome", {}).update(event["outcome"])
+    return list(found.values())
+
 
 def read_jsonl(path: str | Path, replay_id: str) -> Record | None:
     """Rebuild one record from a JSONL sink file (decision event plus its outcome)."""
     found: Record | None = None
-    with Path(path).open("rb") as lines:
-        for line in lines:
-            event = orjson.loads(line)
-            if event.get("replay_id") != replay_id:
-                continue
-            if event.get("event") == "decision":
-                found = {k: v for k, v in event.items() if k != "event"}
-            elif found is not None:
-                found.setdefault("outcome", {}).update(event["outcome"])
+    for event in _events(path):
+        if event.get("replay_id") != replay_id:
+            continue
+        if event.get("event") == "decision":
+            found = {k: v for k, v in event.items() if k != "event"}
+        elif found is not None:
+            found.setdefault("outcome", {}).update(event["outcome"])
     return found

@@ -36,6 +36,7 @@ from .http_api import build_http_app
 from .replay_service import ReplayService
 from .roles import pool_config
 from .tasks import Background
+from .telemetry import Telemetry
 from .tls import CertificateFiles, server_credentials
 
 if TYPE_CHECKING:
@@ -65,6 +66,7 @@ class RunningService:
     health_port: int | None = None
     discovery: KubernetesDiscovery | None = None
     certificates: CertificateFiles | None = None
+    telemetry: Telemetry | None = None
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     _gate: asyncio.Task[None] | None = None
     _draining: bool = False
@@ -110,6 +112,8 @@ class RunningService:
         await self.grpc_server.stop(grace=1.0)
         await self.http_runner.cleanup()
         await self.state.stop()
+        if self.telemetry is not None:
+            await self.telemetry.stop()
         self.router.close()
 
 
@@ -126,8 +130,10 @@ async def start(config: Config, router: Router | None = None) -> RunningService:
     metrics = router.metrics if router is not None else Metrics()
     state = StateLayer.from_config(config, clock=time.time, metrics=metrics)
     router = router or Router(config, metrics=metrics, secret=await state.tenant_secret(config))
+    telemetry = Telemetry.start(config, router)
     state.start()
     server = grpc.aio.server(
+        interceptors=telemetry.interceptors,
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -138,7 +144,8 @@ async def start(config: Config, router: Router | None = None) -> RunningService:
     options = StreamOptions(config.routing.model_header, config.scheduling.pool_name)
     ep_grpc.add_ExternalProcessorServicer_to_server(
         ExternalProcessor(router, state, options), server)
-    replay_pb2_grpc.add_ReplayServicer_to_server(ReplayService(router.replay), server)
+    replay_pb2_grpc.add_ReplayServicer_to_server(
+        ReplayService(telemetry.lookup, telemetry.auth), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in HEALTH_SERVICES:
@@ -160,7 +167,7 @@ async def start(config: Config, router: Router | None = None) -> RunningService:
             f"{config.server.host}:{config.server.health_port}")
         await health_server.start()
 
-    runner = web.AppRunner(build_http_app(router), access_log=None)
+    runner = web.AppRunner(build_http_app(router, telemetry), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, config.server.host, config.server.http_port)
     await site.start()
@@ -170,7 +177,7 @@ async def start(config: Config, router: Router | None = None) -> RunningService:
     discovery = _discovery(config, router)
     running = RunningService(router, state, server, runner, grpc_port, http_port, background,
                              health_servicer, health_server, health_port, discovery,
-                             certificates)
+                             certificates, telemetry)
     if discovery is None and state.shared is None:
         for name in READY_SERVICES:  # nothing to wait for
             await health_servicer.set(name, SERVING)

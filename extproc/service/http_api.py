@@ -1,16 +1,40 @@
-"""The processor's HTTP port: Prometheus ``/metrics``, ``/healthz`` and the replay lookup API."""
+"""The processor's HTTP port: Prometheus ``/metrics`` and ``/healthz`` (open), and the admin
+surfaces behind ``AdminAuth``: the replay API, session lists and timelines, and the web view.
+
+    GET  /v1/replay/{id}                  one record
+    GET  /v1/replay?session_id=S[&tenant=T]   a session's records (T: the admin's choice)
+    GET  /v1/sessions[?limit=N]           recent sessions this replica routed, summarised
+    GET  /v1/timeline?session_id=S[&tenant=T] | ?replay_id=R   Chrome trace-event JSON
+    GET  /ui                              the web view (a sign-in form until signed in)
+    POST /ui/login, /ui/logout            set or clear the web view's cookie
+"""
 
 from __future__ import annotations
+
+import html
+from collections.abc import Awaitable, Callable
+from importlib import resources
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ..core.router import Router
+from ..observability.sessions import summarize
+from ..observability.timeline import timeline
+from .admin import COOKIE, COOKIE_SECONDS, Caller, Denied
+from .telemetry import Telemetry
 
 ROUTER_KEY = web.AppKey("router", Router)
+TELEMETRY_KEY = web.AppKey("telemetry", Telemetry)
+MAX_SESSIONS_LISTED = 500
+_UI = resources.files(__package__) / "ui"
+_NOT_FOUND = {"error": "unknown replay id"}
+
+AdminHandler = Callable[[web.Request, Caller], Awaitable[web.StreamResponse]]
 
 
 async def _metrics(request: web.Request) -> web.Response:
+    request.app[TELEMETRY_KEY].figures.sweep()
     router = request.app[ROUTER_KEY]
     return web.Response(
         body=generate_latest(router.metrics.registry),
@@ -22,27 +46,129 @@ async def _healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
-async def _replay_one(request: web.Request) -> web.Response:
-    router = request.app[ROUTER_KEY]
-    record = router.replay.get(request.match_info["replay_id"])
-    if record is None:
-        return web.json_response({"error": "unknown replay id"}, status=404)
+async def _replay_one(request: web.Request, caller: Caller) -> web.Response:
+    record = await request.app[TELEMETRY_KEY].lookup.get(request.match_info["replay_id"])
+    if record is None or not caller.sees(record):
+        return web.json_response(_NOT_FOUND, status=404)
     return web.json_response(record)
 
 
-async def _replay_session(request: web.Request) -> web.Response:
+async def _session_records(
+    request: web.Request, caller: Caller
+) -> tuple[str, list[dict]] | web.Response:
     session_id = request.query.get("session_id")
     if not session_id:
         return web.json_response({"error": "session_id query parameter is required"}, status=400)
-    records = request.app[ROUTER_KEY].replay.for_session(session_id)
+    tenant = caller.scope(request.query.get("tenant"))
+    return session_id, await request.app[TELEMETRY_KEY].lookup.for_session(session_id, tenant)
+
+
+async def _replay_session(request: web.Request, caller: Caller) -> web.Response:
+    found = await _session_records(request, caller)
+    if isinstance(found, web.Response):
+        return found
+    session_id, records = found
     return web.json_response({"session_id": session_id, "records": records})
 
 
-def build_http_app(router: Router) -> web.Application:
+async def _sessions(request: web.Request, caller: Caller) -> web.Response:
+    try:
+        limit = min(MAX_SESSIONS_LISTED, max(1, int(request.query.get("limit", "50"))))
+    except ValueError:
+        return web.json_response({"error": "limit must be an integer"}, status=400)
+    router = request.app[ROUTER_KEY]
+    store = router.replay
+    listed = []
+    for tenant, session_id in store.sessions(caller.tenant, limit):
+        records = store.for_session(session_id, tenant)
+        if records:
+            listed.append(summarize(records, router.config.models))
+    return web.json_response({"sessions": listed})
+
+
+async def _timeline(request: web.Request, caller: Caller) -> web.Response:
+    replay_id = request.query.get("replay_id")
+    if replay_id:
+        record = await request.app[TELEMETRY_KEY].lookup.get(replay_id)
+        if record is None or not caller.sees(record):
+            return web.json_response(_NOT_FOUND, status=404)
+        session = record.get("session") or {}
+        records = [record]
+        if session.get("id"):
+            records = await request.app[TELEMETRY_KEY].lookup.for_session(
+                session["id"], session.get("tenant"))
+        return web.json_response(timeline(records))
+    found = await _session_records(request, caller)
+    if isinstance(found, web.Response):
+        return found
+    return web.json_response(timeline(found[1]))
+
+
+async def _ui(request: web.Request, caller: Caller) -> web.Response:
+    who = "admin: every tenant" if caller.admin else f"tenant {caller.tenant}"
+    page = (_UI / "index.html").read_text().replace("{{who}}", html.escape(who))
+    return web.Response(text=page, content_type="text/html", headers={"Cache-Control": "no-store"})
+
+
+def _sign_in_page(message: str, status: int) -> web.Response:
+    page = (_UI / "login.html").read_text().replace("{{message}}", html.escape(message))
+    return web.Response(text=page, content_type="text/html", status=status)
+
+
+async def _login(request: web.Request) -> web.Response:
+    telemetry = request.app[TELEMETRY_KEY]
+    form = await request.post()
+    token = str(form.get("token", "")).strip()
+    try:
+        caller = telemetry.auth.caller({"authorization": f"Bearer {token}"} if token else {})
+    except Denied as denied:
+        return _sign_in_page(denied.message, denied.status)
+    response = web.Response(status=303, headers={"Location": "/ui"})
+    response.set_cookie(COOKIE, telemetry.auth.cookie(caller), max_age=COOKIE_SECONDS,
+                        httponly=True, samesite="Strict", path="/", secure=request.secure)
+    return response
+
+
+async def _logout(request: web.Request) -> web.Response:
+    response = web.Response(status=303, headers={"Location": "/ui"})
+    response.del_cookie(COOKIE, path="/")
+    return response
+
+
+def _admin(
+    handler: AdminHandler, *, page: bool = False
+) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """``handler`` behind the credential: a JSON 401/403 for the API, the sign-in form (or the
+    how-to-configure page) for the web view."""
+
+    async def checked(request: web.Request) -> web.StreamResponse:
+        auth = request.app[TELEMETRY_KEY].auth
+        try:
+            caller = auth.caller(
+                {k.lower(): v for k, v in request.headers.items()}, request.cookies.get(COOKIE)
+            )
+        except Denied as denied:
+            if page:
+                return _sign_in_page(denied.message, denied.status)
+            headers = {"WWW-Authenticate": "Bearer"} if denied.status == 401 else {}
+            return web.json_response({"error": denied.message}, status=denied.status,
+                                     headers=headers)
+        return await handler(request, caller)
+
+    return checked
+
+
+def build_http_app(router: Router, telemetry: Telemetry) -> web.Application:
     app = web.Application()
     app[ROUTER_KEY] = router
+    app[TELEMETRY_KEY] = telemetry
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/healthz", _healthz)
-    app.router.add_get("/v1/replay", _replay_session)
-    app.router.add_get("/v1/replay/{replay_id}", _replay_one)
+    app.router.add_get("/v1/replay", _admin(_replay_session))
+    app.router.add_get("/v1/replay/{replay_id}", _admin(_replay_one))
+    app.router.add_get("/v1/sessions", _admin(_sessions))
+    app.router.add_get("/v1/timeline", _admin(_timeline))
+    app.router.add_get("/ui", _admin(_ui, page=True))
+    app.router.add_post("/ui/login", _login)
+    app.router.add_post("/ui/logout", _logout)
     return app

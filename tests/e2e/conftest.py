@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -14,6 +15,9 @@ from extproc.dev.harness import Stack, run_stack
 from tests.conftest import session_config_data
 
 IDLE_TIMEOUT = 2
+ADMIN_TOKEN_ENV = "SAAR_E2E_ADMIN_TOKEN"
+ADMIN_TOKEN = os.environ.setdefault(ADMIN_TOKEN_ENV, "e2e-admin-token-0123456789abcdef")
+"""The processors read it from their environment (``admin.token_env``), inherited from here."""
 
 
 def e2e_config() -> dict[str, Any]:
@@ -23,6 +27,7 @@ def e2e_config() -> dict[str, Any]:
         aware["idle_timeout_seconds"] = IDLE_TIMEOUT
     config["limits"]["max_body_bytes"] = 1 << 20
     config["health"] = {"failure_threshold": 3, "cooldown_seconds": 1}
+    config["admin"] = {"token_env": ADMIN_TOKEN_ENV}
     return config
 
 
@@ -33,7 +38,9 @@ def stack(tmp_path_factory) -> Iterator[Stack]:
 
 
 def get_json(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=5) as response:
+    """GET a JSON document, as the admin (the replay API needs the credential)."""
+    request = urllib.request.Request(url, headers={"authorization": f"Bearer {ADMIN_TOKEN}"})
+    with urllib.request.urlopen(request, timeout=5) as response:
         return json.load(response)
 
 

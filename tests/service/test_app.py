@@ -15,11 +15,17 @@ from extproc.core.router import LocalDriver
 from extproc.service.app import HEALTH_SERVICES, start
 from extproc.types import Api
 
+ADMIN_TOKEN = "test-admin-token-0123456789"
+ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+
 
 @pytest.fixture
-async def service(config):
+async def service(config, tmp_path):
+    token = tmp_path / "admin-token"
+    token.write_text(ADMIN_TOKEN + "\n")
     running = await start(replace(config, server=replace(config.server, grpc_port=0,
-                                                         http_port=0)))
+                                                         http_port=0),
+                                  admin=replace(config.admin, token_file=str(token))))
     yield running
     await running.stop()
 
@@ -38,14 +44,18 @@ async def test_replay_over_grpc_and_http(service):
     routed = LocalDriver(service.router).route(Api.CHAT, {"x-session-id": "s-app"}, body)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{service.grpc_port}") as channel:
         stub = replay_pb2_grpc.ReplayStub(channel)
-        record = await stub.GetRecord(replay_pb2.GetRecordRequest(replay_id=routed.replay_id))
+        metadata = tuple(ADMIN.items())
+        record = await stub.GetRecord(replay_pb2.GetRecordRequest(replay_id=routed.replay_id),
+                                      metadata=metadata)
         assert record["model"] == routed.model
-        listed = await stub.ListSession(replay_pb2.ListSessionRequest(session_id="s-app"))
+        listed = await stub.ListSession(replay_pb2.ListSessionRequest(session_id="s-app"),
+                                        metadata=metadata)
         assert [r["replay_id"] for r in listed.records] == [routed.replay_id]
         with pytest.raises(grpc.aio.AioRpcError) as info:
-            await stub.GetRecord(replay_pb2.GetRecordRequest(replay_id="nope"))
+            await stub.GetRecord(replay_pb2.GetRecordRequest(replay_id="nope"), metadata=metadata)
         assert info.value.code() == grpc.StatusCode.NOT_FOUND
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{service.http_port}") as http:
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{service.http_port}",
+                                 headers=ADMIN) as http:
         assert (await http.get("/healthz")).json() == {"status": "ok"}
         assert (await http.get(f"/v1/replay/{routed.replay_id}")).json()["model"] == routed.model
         assert (await http.get("/v1/replay/nope")).status_code == 404
