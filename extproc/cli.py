@@ -97,6 +97,13 @@ def _bench_overhead(args: argparse.Namespace) -> int:
     return main(args.config, settings, as_json=args.json)
 
 
+def _bench_route(args: argparse.Namespace) -> int:
+    from .dev.bench.route import SIZES, main
+
+    return main(args.config, tuple(args.sizes.split(",")) if args.sizes else tuple(SIZES),
+                as_json=args.json)
+
+
 def _eval_matrix(args: argparse.Namespace) -> int:
     from .dev.evaluation.cli import run
 
@@ -169,6 +176,13 @@ def build_parser() -> argparse.ArgumentParser:
     overhead.add_argument("--upstream", choices=("canned", "sim"), default="canned",
                           help="canned = Envoy direct response; sim = sim-server --time-scale 0")
     overhead.set_defaults(func=_bench_overhead)
+    route = bench_sub.add_parser(
+        "route", help="the routing core alone on a growing agent session, beside the parse floor"
+    )
+    route.add_argument("--json", action="store_true", help="last stdout line is JSON")
+    route.add_argument("--config", default=None, help="default: config/example.yaml")
+    route.add_argument("--sizes", default=None, help="comma-separated: 2kb,64kb,256kb,1mb,4mb")
+    route.set_defaults(func=_bench_route)
 
     evaluation = sub.add_parser("eval", help="offline evaluations of the routing engine")
     eval_sub = evaluation.add_subparsers(dest="eval_command", required=True)

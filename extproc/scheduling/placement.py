@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..apis import prompt_blocks, render_prompt
+from ..apis import render_prompt
 from ..config import Config
 from ..errors import ModelUnavailable, RateLimited
 from ..types import Clock, RequestSummary
@@ -28,6 +28,7 @@ from . import (
     from_config,
 )
 from .kv_events import PreciseKVIndex
+from .memo import BlockMemo
 
 if TYPE_CHECKING:
     from .tokenizer import Tokenizer
@@ -38,11 +39,14 @@ PRECISE_BLOCK_SIZE = 16
 
 @dataclass(slots=True)
 class Prompt:
-    """One request's prompt: rendered lazily, hashed into blocks once per model."""
+    """One request's prompt: rendered lazily, hashed into blocks once per model (only what is
+    new since the session's previous prompt), matched against each worker once per model."""
 
     request: RequestSummary
+    session: str | None = None
     _text: str | None = None
-    _blocks: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    _blocks: dict[str, Sequence[int]] = field(default_factory=dict)
+    _matched: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def text(self) -> str:
@@ -57,7 +61,7 @@ class Placement:
 
     workers: tuple[str, ...]
     result: ScheduleResult | None = None
-    blocks: tuple[int, ...] = ()
+    blocks: Sequence[int] = ()
 
     @property
     def worker(self) -> str | None:
@@ -85,6 +89,7 @@ class Pools:
             self.index = ApproximatePrefixIndex.from_config(prefix)
             self.tokens_per_block = max(1, prefix.chars_per_block // 4)
         self._chars_per_block = prefix.chars_per_block
+        self.memo = BlockMemo(prefix.chars_per_block)
         self.admission = AdmissionController(
             scheduling.admission, clock=clock, max_programs=config.memory.max_sessions
         )
@@ -97,15 +102,24 @@ class Pools:
         """An endpoint picker always sends a pick (the Endpoint Picker Protocol), also from a
         pool of one; no eligible worker is a 503 there, never a request left to the proxy."""
 
-    def blocks(self, prompt: Prompt, model: str) -> tuple[int, ...]:
+    def blocks(self, prompt: Prompt, model: str) -> Sequence[int]:
         found = prompt._blocks.get(model)
         if found is None:
             if self.tokenizer is not None:
                 assert isinstance(self.index, PreciseKVIndex)
                 found = self.index.hash_tokens(self.tokenizer.encode(prompt.text))
             else:
-                found = prompt_blocks(model, prompt.text, self._chars_per_block)
+                found, _ = self.memo.blocks(prompt.session, model, prompt.text)
             prompt._blocks[model] = found
+        return found
+
+    def matched(self, prompt: Prompt, model: str, pool: Sequence[Worker]) -> dict[str, int]:
+        """Blocks of the prompt each worker of ``pool`` holds, measured once per model."""
+        found = prompt._matched.get(model)
+        if found is None:
+            blocks = self.blocks(prompt, model)
+            found = {w.address: self.index.matched_blocks(w.address, blocks) for w in pool}
+            prompt._matched[model] = found
         return found
 
     def cached_tokens(self, prompt: Prompt, model: str) -> int | None:
@@ -114,9 +128,7 @@ class Pools:
         pool = self._scored_pool(model)
         if not pool:
             return None
-        blocks = self.blocks(prompt, model)
-        best = max(self.index.matched_blocks(w.address, blocks) for w in pool)
-        return best * self.tokens_per_block
+        return max(self.matched(prompt, model, pool).values()) * self.tokens_per_block
 
     def place(
         self,
@@ -137,7 +149,7 @@ class Pools:
             return Placement(())
         request = SchedulingRequest(
             model, session_key, self.blocks(prompt, model), prompt.request.context_tokens,
-            subset, bound, pinned,
+            subset, bound, pinned, prompt._matched.get(model),
         )
         result = self.scheduler.schedule(request, pool)
         if result.shed:

@@ -10,6 +10,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from ..config import Scheduling
@@ -76,6 +77,7 @@ class Scheduler:
             )
         no_match: dict[str, int] = {}
         matched = run("prefix_index", no_match, self._matched, request, candidates)
+        request = replace(request, matched=matched)  # what every scorer reads
         scores: dict[str, dict[str, float]] = {}
         if self.cost is None:
             for scorer, _ in self.scorers:
@@ -108,8 +110,11 @@ class Scheduler:
         )
 
     def _matched(self, request: SchedulingRequest, workers: Sequence[Worker]) -> dict[str, int]:
+        """The caller's measurements where it made them, the index's for the rest."""
+        known = request.matched or {}
         blocks = request.prompt_blocks
-        return {w.address: self.index.matched_blocks(w.address, blocks) for w in workers}
+        return {w.address: known[w.address] if w.address in known
+                else self.index.matched_blocks(w.address, blocks) for w in workers}
 
 
 class _Run:

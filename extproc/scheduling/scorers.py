@@ -10,7 +10,8 @@ from .types import PrefixIndex, SchedulingRequest, Worker
 
 
 class PrefixScorer:
-    """Share of the prompt's blocks the worker already caches (longest held prefix)."""
+    """Share of the prompt's blocks the worker already caches (longest held prefix), as the
+    scheduler measured it once for the request (the index answers for anything it did not)."""
 
     name = "prefix"
 
@@ -21,7 +22,9 @@ class PrefixScorer:
         blocks = request.prompt_blocks
         if not blocks:
             return {w.address: 0.0 for w in workers}
-        return {w.address: self._index.matched_blocks(w.address, blocks) / len(blocks)
+        known = request.matched or {}
+        return {w.address: (known[w.address] if w.address in known
+                            else self._index.matched_blocks(w.address, blocks)) / len(blocks)
                 for w in workers}
 
 

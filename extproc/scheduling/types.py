@@ -43,7 +43,7 @@ class SchedulingRequest:
 
     model: str
     session_key: str | None
-    prompt_blocks: tuple[int, ...]
+    prompt_blocks: Sequence[int]
     """Chained block hashes of the rendered prompt (approximate index: character blocks)."""
     prompt_tokens: int
     subset: frozenset[str] | None = None
@@ -52,6 +52,9 @@ class SchedulingRequest:
     """The worker that served the session's last turn (its record's binding), if any."""
     pinned: str | None = None
     """A hard lock's worker (the tool calls' or provider state's issuer): first if eligible."""
+    matched: Mapping[str, int] | None = None
+    """Prefix blocks each worker already holds, when the caller has measured them: computed
+    once per request and read by every scorer (the scheduler measures what is missing)."""
 
 
 @dataclass(frozen=True, slots=True)

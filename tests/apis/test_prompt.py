@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-import time
-
 import pytest
 import xxhash
 
@@ -55,8 +53,9 @@ def test_a_longer_prompt_extends_the_blocks_of_its_prefix() -> None:
     assert prompt_blocks("m", TEXT + "more" * 40)[:3] == prompt_blocks("m", TEXT)
 
 
-def test_non_ascii_text_is_cut_in_characters() -> None:
-    assert len(prompt_blocks("m", "é" * 128)) == 2
+def test_text_is_cut_in_utf8_bytes() -> None:
+    assert len(prompt_blocks("m", "é" * 128)) == 4  # 256 bytes
+    assert len(prompt_blocks("m", "e" * 128)) == 2
 
 
 def test_chain_hashes_is_what_the_simulated_cache_uses() -> None:
@@ -64,14 +63,7 @@ def test_chain_hashes_is_what_the_simulated_cache_uses() -> None:
     assert block_hashes(tokens, 2) == chain_hashes([b"a\x1fb", b"c\x1fd"])
 
 
-def test_a_64_kib_prompt_hashes_in_well_under_a_millisecond() -> None:
+def test_a_64_kib_prompt_is_1024_blocks() -> None:
+    """Its speed is ``saar bench route``'s to measure, not a test's."""
     text = ("def handler(event): return event['body'] # tool output line\n" * 1200)[:65536]
-    prompt_blocks("m", text)
-    runs = 50
-    start = time.perf_counter()
-    for _ in range(runs):
-        blocks = prompt_blocks("m", text)
-    micros = (time.perf_counter() - start) / runs * 1e6
-    print(f"\nprompt_blocks: 64 KiB -> {len(blocks)} blocks in {micros:.0f} us")
-    assert len(blocks) == 1024
-    assert micros < 2000
+    assert len(prompt_blocks("m", text)) == 1024

@@ -1,0 +1,111 @@
+"""Prompt blocks hashed in proportion to what is new.
+
+An agent resends its whole context every turn: the prompt of turn n+1 is the prompt of turn n
+plus a reply and a tool result. Hashing every block of a 1 MB prompt again costs milliseconds of
+Python per turn; this memo keeps, per session and model, the block hashes of the last prompt
+with digests of its prefix at regular marks, checks the new prompt against them (one C-speed
+digest of the reused bytes) and hashes only the blocks after the longest prefix that matches.
+The result is exactly what hashing from scratch gives (``prompt_blocks``): a mark matches only
+when the bytes before it are the same, and chained hashes of the same bytes are the same.
+
+It is a cache of this process (each replica warms its own) bounded by the blocks it holds, the
+least recently used session first out.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import xxhash
+
+from ..apis import chain_hashes
+
+MARK_EVERY = 512
+"""Blocks between two digests of the prefix: how far back a prompt whose tail changed (an edit,
+a compaction) reuses what came before."""
+
+_xxh3 = xxhash.xxh3_64_intdigest
+
+
+@dataclass(slots=True)
+class _Memo:
+    hashes: array[int]
+    marks: list[tuple[int, int]]
+    """(blocks, digest of the bytes those blocks cover), ascending."""
+
+
+class BlockMemo:
+    def __init__(self, block_bytes: int, max_blocks: int = 4_000_000) -> None:
+        if block_bytes < 1 or max_blocks < 1:
+            raise ValueError("block_bytes and max_blocks must be positive")
+        self.block = block_bytes
+        self._max = max_blocks
+        self._held = 0
+        self._memos: OrderedDict[tuple[str, str], _Memo] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._memos)
+
+    @property
+    def held(self) -> int:
+        """Block hashes kept, over every session."""
+        return self._held
+
+    def blocks(self, session: str | None, model: str, text: str) -> tuple[Sequence[int], int]:
+        """The chained hashes of ``text``'s full blocks (the model seeding the chain), and
+        how many leading ones were reused from this session's previous prompt."""
+        data = text.encode()
+        total = len(data) // self.block
+        if session is None:
+            return _hash(data, self.block, model, 0, array("Q")), 0
+        key = (session, model)
+        memo = self._memos.pop(key, None)
+        marks, reused = self._marks(data, total, memo)
+        base = array("Q") if memo is None else memo.hashes[:reused]
+        hashes = _hash(data, self.block, model, reused, base)
+        if memo is not None:
+            self._held -= len(memo.hashes)
+        self._memos[key] = _Memo(hashes, marks)
+        self._held += len(hashes)
+        while self._held > self._max and len(self._memos) > 1:
+            _, dropped = self._memos.popitem(last=False)
+            self._held -= len(dropped.hashes)
+        return hashes, reused
+
+    def forget(self, session: str) -> None:
+        for key in [k for k in self._memos if k[0] == session]:
+            self._held -= len(self._memos.pop(key).hashes)
+
+    def _marks(
+        self, data: bytes, total: int, memo: _Memo | None
+    ) -> tuple[list[tuple[int, int]], int]:
+        """Digests of ``data``'s prefix every ``MARK_EVERY`` blocks, at the previous prompt's
+        end and at this one's, in one pass; and the blocks up to the last mark where they equal
+        the previous prompt's (a mark can only match if every earlier one did)."""
+        before = {} if memo is None else dict(memo.marks)
+        ends = {b for b in before if b <= total and b % MARK_EVERY}
+        view = memoryview(data)
+        stream = xxhash.xxh3_128()
+        marks: list[tuple[int, int]] = []
+        reused, matching, done = 0, bool(before), 0
+        for mark in sorted({*range(MARK_EVERY, total, MARK_EVERY), *ends, total} - {0}):
+            stream.update(view[done * self.block : mark * self.block])
+            done = mark
+            digest = stream.intdigest()
+            marks.append((mark, digest))
+            if matching and before.get(mark) == digest:
+                reused = mark
+            elif mark in before:
+                matching = False
+        return marks, reused
+
+
+def _hash(data: bytes, size: int, model: str, start: int, base: array[int]) -> array[int]:
+    """``base`` (the hashes of the first ``start`` blocks) extended by the rest of ``data``."""
+    seed = base[-1] if start else _xxh3(model.encode())
+    stop = len(data) - size + 1
+    base.extend(chain_hashes([data[i : i + size] for i in range(start * size, stop, size)], seed))
+    return base

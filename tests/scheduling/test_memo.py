@@ -1,0 +1,50 @@
+"""The incremental block hashes against the straightforward reference, on generated sessions."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from extproc.apis import prompt_blocks
+from extproc.scheduling.memo import MARK_EVERY, BlockMemo
+
+pieces = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)),
+                 min_size=0, max_size=400)
+# A turn appends text, or edits the history (a compaction: the prompt is rewritten from a cut).
+turns = st.lists(st.tuples(pieces, st.one_of(st.none(), st.integers(0, 5000))),
+                 min_size=1, max_size=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(turns=turns, block=st.sampled_from([1, 7, 64]))
+def test_the_memo_gives_exactly_the_blocks_of_hashing_from_scratch(turns, block):
+    memo = BlockMemo(block)
+    text = ""
+    for added, cut in turns:
+        text = (text if cut is None else text[:cut] + "†") + added
+        hashes, reused = memo.blocks("s", "m", text)
+        assert tuple(hashes) == prompt_blocks("m", text, block)
+        assert 0 <= reused <= len(hashes)
+
+
+def test_a_growing_session_hashes_only_what_is_new():
+    memo = BlockMemo(64)
+    text = "x" * (64 * MARK_EVERY * 3 + 100)
+    _, reused = memo.blocks("s", "m", text)
+    assert reused == 0
+    _, reused = memo.blocks("s", "m", text + "y" * 640)
+    assert reused == len(text) // 64  # every block of the previous prompt
+    edited = text[: 64 * MARK_EVERY + 5] + "!" + text[64 * MARK_EVERY + 6:]
+    _, reused = memo.blocks("s", "m", edited)
+    assert reused == MARK_EVERY  # back to the last mark before the edit
+
+
+def test_sessions_and_models_do_not_share_and_the_memo_is_bounded():
+    memo = BlockMemo(8, max_blocks=100)
+    a, _ = memo.blocks("a", "m1", "z" * 400)
+    b, reused = memo.blocks("a", "m2", "z" * 400)
+    assert reused == 0 and tuple(a) != tuple(b)  # the model seeds the chain
+    memo.blocks("b", "m1", "z" * 400)
+    assert memo.held <= 100 and len(memo) == 2  # the least recent session went first
+    _, reused = memo.blocks(None, "m1", "z" * 400)
+    assert reused == 0 and len(memo) == 2  # no session: nothing to remember
