@@ -65,15 +65,67 @@ def _replay_show(args: argparse.Namespace) -> int:
             print(f"replay id {args.replay_id} not found in {args.file}", file=sys.stderr)
             return 1
     else:
+        from .dev.records import admin_token
+
         url = f"{args.url.rstrip('/')}/v1/replay/{args.replay_id}"
+        token = admin_token(args.token_file)
+        request = urllib.request.Request(
+            url, headers={"authorization": f"Bearer {token}"} if token else {})
         try:
-            with urllib.request.urlopen(url, timeout=5) as response:
+            with urllib.request.urlopen(request, timeout=5) as response:
                 record = json.load(response)
         except urllib.error.HTTPError as exc:
             print(f"{url}: HTTP {exc.code}", file=sys.stderr)
             return 1
     print(json.dumps(record, indent=2))
     return 0
+
+
+def _trace_export(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .dev.records import load_records
+    from .observability.timeline import timeline
+
+    records = load_records(args.replay, args.url, args.token_file, args.session)
+    document = timeline(records)
+    Path(args.out).write_text(json.dumps(document))
+    turns = sum(e["cat"] == "turn" for e in document["traceEvents"] if e["ph"] == "X")
+    print(f"{args.out}: {document['otherData']['sessions']} sessions, {turns} turns "
+          "(open it at https://ui.perfetto.dev or chrome://tracing)")
+    return 0 if records else 1
+
+
+def _replay_what_if(args: argparse.Namespace) -> int:
+    from .config import load_config
+    from .dev.records import load_records
+    from .dev.whatif import table, what_if
+
+    summary = what_if(load_records(args.replay, args.url, args.token_file, args.session),
+                      load_config(args.config))
+    print(json.dumps(summary) if args.json else table(summary))
+    return 0
+
+
+def _replay_trace(args: argparse.Namespace) -> int:
+    from .dev.clustersim.trace import read_trace
+    from .dev.trace_replay import Settings, replay, table
+
+    settings = Settings(args.url, speed=args.speed, block_size=args.block_size,
+                        model=args.model, api_key=args.api_key,
+                        worker_metrics=tuple(args.worker_metrics))
+    report = asyncio.run(replay(read_trace(args.trace), settings))
+    print(json.dumps(report) if args.json else table(report))
+    return 0 if report["ok"] == report["requests"] else 1
+
+
+def _records_source(parser: argparse.ArgumentParser) -> None:
+    """Where ``trace export`` and ``replay what-if`` read records from."""
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--replay", help="a replay JSONL file (replay.jsonl_path)")
+    source.add_argument("--url", help="a processor's HTTP port, e.g. http://127.0.0.1:9090")
+    parser.add_argument("--token-file", help="the admin token for --url (else $SAAR_ADMIN_TOKEN)")
+    parser.add_argument("--session", help="only this session id")
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -151,7 +203,35 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("replay_id")
     show.add_argument("--url", default="http://127.0.0.1:9090", help="the processor's HTTP port")
     show.add_argument("--file", help="read a JSONL sink file instead of asking the processor")
+    show.add_argument("--token-file", help="the admin token (else $SAAR_ADMIN_TOKEN)")
     show.set_defaults(func=_replay_show)
+    whatif = replay_sub.add_parser(
+        "what-if", help="decide the recorded sessions again under another config; the difference")
+    _records_source(whatif)
+    whatif.add_argument("--config", required=True, help="the config to try")
+    whatif.add_argument("--json", action="store_true")
+    whatif.set_defaults(func=_replay_what_if)
+
+    trace = sub.add_parser("trace", help="session timelines")
+    trace_sub = trace.add_subparsers(dest="trace_command", required=True)
+    export = trace_sub.add_parser("export", help="Chrome trace-event JSON (Perfetto)")
+    _records_source(export)
+    export.add_argument("--out", required=True)
+    export.set_defaults(func=_trace_export)
+
+    replay_trace = sub.add_parser(
+        "replay-trace", help="send a Mooncake trace to a live endpoint with its timing")
+    replay_trace.add_argument("--trace", required=True, help="Mooncake JSONL")
+    replay_trace.add_argument("--url", required=True, help="the endpoint (Envoy's listener)")
+    replay_trace.add_argument("--speed", type=float, default=1.0, help="time runs this much faster")
+    replay_trace.add_argument("--block-size", type=int, default=16,
+                              help="tokens per hash id (16: the processor's trace; 512: Mooncake)")
+    replay_trace.add_argument("--model", default="auto")
+    replay_trace.add_argument("--api-key", default="replay-trace")
+    replay_trace.add_argument("--worker-metrics", action="append", default=[],
+                              help="a worker's /metrics URL (repeat): its prefix-cache hit rate")
+    replay_trace.add_argument("--json", action="store_true")
+    replay_trace.set_defaults(func=_replay_trace)
 
     demo = sub.add_parser("demo", help="start Envoy, the processor and sims; run an agent session")
     demo.add_argument("--config", default=None)
