@@ -10,13 +10,14 @@ from .common import fingerprint
 from .observer import ResponseObserver
 from .parse import CHARS_PER_TOKEN, parse_request
 from .prompt import chain_hashes, prompt_blocks, render_entries, render_prompt
-from .rewrite import peek_model, rewrite_model
+from .rewrite import model_spans, peek_model, rewrite_model
 
 __all__ = [
     "CHARS_PER_TOKEN",
     "ResponseObserver",
     "chain_hashes",
     "fingerprint",
+    "model_spans",
     "parse_request",
     "peek_model",
     "prompt_blocks",

@@ -41,14 +41,31 @@ _TO_BRACKET = re.compile(rb'(?:[^"\[\]{}]++|"[^"\\]*+(?:\\.[^"\\]*+)*+")*+[\[\]{
 """Everything up to the next bracket outside strings, that bracket included."""
 
 
-def peek_model(raw: bytes) -> str | None:
-    """The top-level model string of a JSON object body, or None (none, not a string, not
-    valid JSON as far as the scan could tell, or too many "model" keys: ``parse_request`` and
-    ``rewrite_model`` have the last word)."""
+Spans = list[tuple[int, int]]
+"""(start, end) of the value of every top-level "model" key, in order."""
+
+
+def model_spans(raw: bytes, *, thorough: bool = True) -> Spans | None:
+    """Where the top-level model values of ``raw`` are, found once for ``peek_model`` and
+    ``rewrite_model`` (None: the scan could not tell; they then raise or answer None).
+
+    Each search over a large body costs about what parsing it does. Serialisers never escape
+    ASCII letters, so the plain spelling is searched first, and with ``thorough`` the body is
+    searched for escaped spellings too when it holds a ``\\u006`` escape at all. Without it
+    (the router's fast path) only a body with no plain key is: the caller checks the last span
+    against the model its parse read and asks again, thoroughly, if they differ."""
     try:
-        spans = _model_values(raw)
+        return _model_values(raw, thorough)
     except MalformedRequest:
         return None
+
+
+def peek_model(raw: bytes, spans: Spans | None = None) -> str | None:
+    """The top-level model string of a JSON object body, or None (none, not a string, not
+    valid JSON as far as the scan could tell, or too many "model" keys: ``parse_request`` and
+    ``rewrite_model`` have the last word). ``spans`` from ``model_spans`` saves the scan."""
+    if spans is None:
+        spans = model_spans(raw)
     if not spans:
         return None
     start, end = spans[-1]
@@ -58,12 +75,13 @@ def peek_model(raw: bytes) -> str | None:
         return None
 
 
-def rewrite_model(raw: bytes, model: str) -> bytes:
+def rewrite_model(raw: bytes, model: str, spans: Spans | None = None) -> bytes:
     """``raw`` with the value of every top-level ``"model"`` key replaced by ``model``, byte for
     byte identical elsewhere. ``raw`` must be a valid JSON object (``parse_request`` accepted
     it); ``MissingModel`` if it has no top-level model, ``MalformedRequest`` if it holds more
-    than ``MAX_MODEL_KEYS`` "model" keys."""
-    spans = _model_values(raw)
+    than ``MAX_MODEL_KEYS`` "model" keys. ``spans`` from ``model_spans`` saves the scan."""
+    if spans is None:
+        spans = _model_values(raw, thorough=True)
     if not spans:
         raise MissingModel('request body has no top-level "model"')
     value = orjson.dumps(model)
@@ -76,9 +94,9 @@ def rewrite_model(raw: bytes, model: str) -> bytes:
     return b"".join(pieces)
 
 
-def _model_values(raw: bytes) -> list[tuple[int, int]]:
+def _model_values(raw: bytes, thorough: bool) -> list[tuple[int, int]]:
     """(start, end) of the value of every top-level "model" key, in order."""
-    keys = [m for m in _candidates(raw) if _unescaped(raw, m.start())]
+    keys = [m for m in _candidates(raw, thorough) if _unescaped(raw, m.start())]
     middle = len(raw) // 2
     left = [m for m in keys if m.start() < middle]
     right = [m for m in keys if m.start() >= middle]
@@ -99,19 +117,17 @@ def _model_values(raw: bytes) -> list[tuple[int, int]]:
     return [(m.end(), _value_end(raw, m.end())) for m in top + tail[::-1]]
 
 
-def _candidates(raw: bytes) -> list[re.Match[bytes]]:
-    """``_KEY`` matches. Serialisers never escape ASCII letters, so unless the body holds a
-    ``\\u006`` escape, a memchr-speed search for the plain spelling finds them all (the regex
-    pass costs three times as much)."""
-    if b"\\u006" in raw:
-        found = list(itertools.islice(_KEY.finditer(raw), MAX_MODEL_KEYS + 1))
-    else:
-        found = []
+def _candidates(raw: bytes, thorough: bool) -> list[re.Match[bytes]]:
+    """``_KEY`` matches (see ``model_spans`` for what ``thorough`` searches)."""
+    found: list[re.Match[bytes]] = []
+    if not (thorough and b"\\u006" in raw):
         start = raw.find(b'"model"')
         while start >= 0 and len(found) <= MAX_MODEL_KEYS:
             if key := _KEY.match(raw, start):
                 found.append(key)
             start = raw.find(b'"model"', start + 7)
+    if not found and b"\\u006" in raw:
+        found = list(itertools.islice(_KEY.finditer(raw), MAX_MODEL_KEYS + 1))
     if len(found) > MAX_MODEL_KEYS:
         raise MalformedRequest(f'request body has more than {MAX_MODEL_KEYS} "model" keys')
     return found

@@ -25,7 +25,7 @@ from typing import Any
 
 import xxhash
 
-from ..apis import parse_request, peek_model, rewrite_model
+from ..apis import model_spans, parse_request, peek_model, rewrite_model
 from ..config import Config
 from ..errors import RoutingError, SessionPaused
 from ..observability.metrics import Metrics
@@ -63,6 +63,8 @@ class Request:
     parsed: float = 0.0
     identified: float = 0.0
     """``time.perf_counter()`` when the body was parsed and when the identity was read."""
+    spans: list[tuple[int, int]] | None = None
+    """Where the body's top-level model values are (found once, spliced by the rewrite)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +147,8 @@ class Router:
         bodies only to answer 404."""
         started = time.perf_counter()
         try:
-            named = peek_model(raw)
+            spans = model_spans(raw, thorough=False)
+            named = peek_model(raw, spans)
             if named is not None:
                 self.engine.check_model(named)
             summary = parse_request(api, raw, max_body_bytes=self.config.limits.max_body_bytes)
@@ -162,7 +165,8 @@ class Router:
             if identity.session_id is None:
                 chain = scoped(tenant, summary.previous_response_id)
         query = Query(identity.key, tuple(scoped(tenant, i) for i in ids), chain)
-        return Request(summary, identity, headers, query, started, parsed, time.perf_counter())
+        return Request(summary, identity, headers, query, started, parsed, time.perf_counter(),
+                       spans)
 
     def route(
         self,
@@ -221,7 +225,10 @@ class Router:
             self.metrics.worker_picks.labels(decision.model, placement.worker).inc()
         body = None
         if decision.model != summary.model:
-            body = rewrite_model(summary.raw, decision.model)
+            spans = request.spans
+            if peek_model(summary.raw, spans) != summary.model:  # an escaped duplicate key
+                spans = model_spans(summary.raw)
+            body = rewrite_model(summary.raw, decision.model, spans)
         self._count(summary.api, decision)
         self.metrics.decision_seconds.observe(time.perf_counter() - request.started)
         return Routed(

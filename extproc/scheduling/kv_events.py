@@ -301,7 +301,7 @@ class PreciseKVIndex:
             matched += 1
         return matched
 
-    def routed(self, worker: str, blocks: Sequence[int]) -> None:
+    def routed(self, worker: str, blocks: Sequence[int], extends: int = 0) -> None:
         """Routing teaches nothing here: only the worker's events do."""
 
     def block_count(self, worker: str) -> int:

@@ -45,7 +45,8 @@ class Prompt:
     request: RequestSummary
     session: str | None = None
     _text: str | None = None
-    _blocks: dict[str, Sequence[int]] = field(default_factory=dict)
+    _blocks: dict[str, tuple[Sequence[int], int]] = field(default_factory=dict)
+    """model → (block hashes, how many lead with the session's previous prompt's)."""
     _matched: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
@@ -103,13 +104,16 @@ class Pools:
         pool of one; no eligible worker is a 503 there, never a request left to the proxy."""
 
     def blocks(self, prompt: Prompt, model: str) -> Sequence[int]:
+        return self._hashed(prompt, model)[0]
+
+    def _hashed(self, prompt: Prompt, model: str) -> tuple[Sequence[int], int]:
         found = prompt._blocks.get(model)
         if found is None:
             if self.tokenizer is not None:
                 assert isinstance(self.index, PreciseKVIndex)
-                found = self.index.hash_tokens(self.tokenizer.encode(prompt.text))
+                found = (self.index.hash_tokens(self.tokenizer.encode(prompt.text)), 0)
             else:
-                found, _ = self.memo.blocks(prompt.session, model, prompt.text)
+                found = self.memo.blocks(prompt.session, model, prompt.text)
             prompt._blocks[model] = found
         return found
 
@@ -147,9 +151,10 @@ class Pools:
         pool = self.registry.pool(model)
         if not self.enabled or (len(pool) <= 1 and subset is None and not self.required):
             return Placement(())
+        blocks, reused = self._hashed(prompt, model)
         request = SchedulingRequest(
-            model, session_key, self.blocks(prompt, model), prompt.request.context_tokens,
-            subset, bound, pinned, prompt._matched.get(model),
+            model, session_key, blocks, prompt.request.context_tokens,
+            subset, bound, pinned, reused, prompt._matched.get(model),
         )
         result = self.scheduler.schedule(request, pool)
         if result.shed:

@@ -1,11 +1,14 @@
 """The approximate prefix index: what each worker probably caches, learnt from where the router
 sent which prompt blocks (the Gateway API Inference Extension's approximate mode).
 
-Each worker gets an LRU set of block hashes sized like its KV cache. ``routed`` touches a prompt's
-blocks tail-first, so a block is always at least as recent as every block after it in any prompt
-that contains it; LRU therefore evicts tails before heads and each worker's set stays closed
-under prefixes (block ``i`` held ⇒ blocks ``0..i-1`` held). That invariant lets
-``matched_blocks`` binary-search the longest held prefix in O(log n) instead of scanning it.
+Each worker holds *chains*: the chained block hashes of a prompt routed there, least recently
+routed first, sized like its KV cache in distinct blocks; a block is held while any chain holds
+it (sessions sharing a system prompt share its blocks). A chain is named by its last hash, and
+a chained hash names its whole prefix, so a session's next prompt — its previous one plus what
+is new — replaces that chain at the cost of the new blocks only (``extends``: how many leading
+blocks the caller knows are the previous prompt's). Evicting whole chains, least recent first,
+keeps each worker's set closed under prefixes (block ``i`` held ⇒ blocks ``0..i-1`` held), so
+``matched_blocks`` binary-searches the longest held prefix in O(log n).
 """
 
 from __future__ import annotations
@@ -18,15 +21,40 @@ from ..config import PrefixIndexConfig
 from .types import Worker
 
 
+class _Chains:
+    """One worker's view: chains by their last hash (least recent first), and per block how
+    many chains hold it."""
+
+    __slots__ = ("chains", "refs")
+
+    def __init__(self) -> None:
+        self.chains: OrderedDict[int, Sequence[int]] = OrderedDict()
+        self.refs: dict[int, int] = {}
+
+    def add(self, blocks: Sequence[int]) -> None:
+        refs = self.refs
+        for block in blocks:
+            refs[block] = refs.get(block, 0) + 1
+
+    def drop(self, blocks: Sequence[int]) -> None:
+        refs = self.refs
+        for block in blocks:
+            left = refs[block] - 1
+            if left:
+                refs[block] = left
+            else:
+                del refs[block]
+
+
 class ApproximatePrefixIndex:
-    """Per-worker bounded LRU of chained block hashes (``PrefixIndex`` protocol)."""
+    """Per-worker bounded LRU of prompt chains (``PrefixIndex`` protocol)."""
 
     def __init__(self, *, chars_per_block: int = 64, default_capacity_blocks: int = 65536) -> None:
         if chars_per_block < 1 or default_capacity_blocks < 1:
             raise ValueError("chars_per_block and default_capacity_blocks must be positive")
         self.chars_per_block = chars_per_block
         self.default_capacity_blocks = default_capacity_blocks
-        self._blocks: dict[str, OrderedDict[int, None]] = {}
+        self._workers: dict[str, _Chains] = {}
         self._capacity: dict[str, int] = {}
 
     @classmethod
@@ -40,8 +68,13 @@ class ApproximatePrefixIndex:
         return self._capacity.get(worker, self.default_capacity_blocks)
 
     def held(self, worker: str) -> int:
-        """Blocks currently recorded for ``worker``."""
-        return len(self._blocks.get(worker, ()))
+        """Distinct blocks currently recorded for ``worker``."""
+        view = self._workers.get(worker)
+        return 0 if view is None else len(view.refs)
+
+    def holds(self, worker: str, block: int) -> bool:
+        view = self._workers.get(worker)
+        return view is not None and block in view.refs
 
     def resize(self, worker: Worker) -> None:
         """Size ``worker``'s set like its reported KV cache (tokens * 4 chars / block chars), or
@@ -58,15 +91,16 @@ class ApproximatePrefixIndex:
 
     def forget(self, worker: str) -> None:
         """``worker`` left its pool: drop what it held."""
-        self._blocks.pop(worker, None)
+        self._workers.pop(worker, None)
         self._capacity.pop(worker, None)
 
     def matched_blocks(self, worker: str, blocks: Sequence[int]) -> int:
         """Length of the longest prefix of ``blocks`` (a chain, as ``prompt_blocks`` makes)
         that ``worker`` holds."""
-        held = self._blocks.get(worker)
-        if not held:
+        view = self._workers.get(worker)
+        if view is None or not view.refs:
             return 0
+        held = view.refs
         low, high = 0, len(blocks)
         while low < high:
             middle = (low + high + 1) // 2
@@ -76,20 +110,40 @@ class ApproximatePrefixIndex:
                 high = middle - 1
         return low
 
-    def routed(self, worker: str, blocks: Sequence[int]) -> None:
-        """``blocks`` were sent to ``worker``: record them, most recent at the head."""
-        held = self._blocks.setdefault(worker, OrderedDict())
-        for block in reversed(blocks):
-            if block in held:
-                held.move_to_end(block)
-            else:
-                held[block] = None
+    def routed(self, worker: str, blocks: Sequence[int], extends: int = 0) -> None:
+        """``blocks`` were sent to ``worker``: the most recent chain now. When the first
+        ``extends`` of them are a chain ``worker`` holds (the session's previous prompt), that
+        chain grows into this one: only the new blocks are counted."""
+        if not blocks:
+            return
+        view = self._workers.get(worker)
+        if view is None:
+            view = self._workers[worker] = _Chains()
+        tip = blocks[-1]
+        if tip in view.chains:
+            view.chains.move_to_end(tip)
+            return
+        previous = blocks[extends - 1] if 0 < extends <= len(blocks) else None
+        if previous is not None and previous in view.chains:
+            del view.chains[previous]  # its blocks are this chain's first ``extends``
+            view.add(blocks[extends:])
+        else:
+            view.add(blocks)
+        view.chains[tip] = blocks
         self._evict(worker)
 
     def _evict(self, worker: str) -> None:
-        held = self._blocks.get(worker)
-        if held is None:
+        """Least recent chains out until the distinct blocks fit; a lone chain longer than the
+        capacity keeps its head (an engine's cache holds the front of a prompt it cannot hold
+        whole: the tail is what it evicts first)."""
+        view = self._workers.get(worker)
+        if view is None:
             return
         capacity = self.capacity(worker)
-        while len(held) > capacity:
-            held.popitem(last=False)
+        while len(view.refs) > capacity and len(view.chains) > 1:
+            _, oldest = view.chains.popitem(last=False)
+            view.drop(oldest)
+        if len(view.refs) > capacity:
+            _, chain = view.chains.popitem()
+            view.drop(chain[capacity:])
+            view.chains[chain[capacity - 1]] = chain[:capacity]

@@ -97,7 +97,8 @@ class Scheduler:
             preferred = self._prefer(request.session_key)
         if preferred in totals:
             ordered = (preferred, *(a for a in ordered if a != preferred))
-        run("prefix_index.routed", None, self.index.routed, ordered[0], request.prompt_blocks)
+        run("prefix_index.routed", None, self.index.routed, ordered[0], request.prompt_blocks,
+            request.reused)
         for observer in self.observers:
             run(f"{_name(observer)}.picked", None, observer.picked, request, ordered[0])
         return ScheduleResult(

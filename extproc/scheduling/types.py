@@ -52,6 +52,9 @@ class SchedulingRequest:
     """The worker that served the session's last turn (its record's binding), if any."""
     pinned: str | None = None
     """A hard lock's worker (the tool calls' or provider state's issuer): first if eligible."""
+    reused: int = 0
+    """Leading blocks identical to the session's previous prompt (the index extends its
+    chain instead of counting them again)."""
     matched: Mapping[str, int] | None = None
     """Prefix blocks each worker already holds, when the caller has measured them: computed
     once per request and read by every scorer (the scheduler measures what is missing)."""
@@ -111,6 +114,7 @@ class PrefixIndex(Protocol):
         """Length of the longest prefix of ``blocks`` that ``worker`` holds."""
         ...
 
-    def routed(self, worker: str, blocks: Sequence[int]) -> None:
-        """``blocks`` were sent to ``worker`` (the approximate index learns; precise ignores)."""
+    def routed(self, worker: str, blocks: Sequence[int], extends: int = 0) -> None:
+        """``blocks`` were sent to ``worker`` (the approximate index learns; precise ignores).
+        ``extends``: how many leading blocks are the session's previous prompt."""
         ...

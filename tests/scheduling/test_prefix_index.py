@@ -38,7 +38,7 @@ def test_matched_blocks_is_the_longest_held_prefix(
 def test_lru_evicts_tails_before_heads() -> None:
     index = ApproximatePrefixIndex(default_capacity_blocks=4)
     index.routed("w", A)
-    index.routed("w", B)  # touches 1, 2 again and adds 30, 40: 3, 4 are the oldest
+    index.routed("w", B)  # shares 1, 2 and adds 30, 40: A's own 3, 4 are the oldest
     assert index.held("w") == 4
     assert index.matched_blocks("w", A) == 2
     assert index.matched_blocks("w", B) == 4
@@ -59,9 +59,28 @@ def test_binary_search_agrees_with_a_linear_scan_under_random_traffic() -> None:
         prompt = base[: rng.randint(1, 20)] + tuple(rng.sample(range(10_000, 20_000), 3))
         if rng.random() < 0.5:
             index.routed("w", prompt)
-        held = index._blocks.get("w", {})
-        linear = next((i for i, b in enumerate(prompt) if b not in held), len(prompt))
+        linear = next((i for i, b in enumerate(prompt) if not index.holds("w", b)), len(prompt))
         assert index.matched_blocks("w", prompt) == linear
+
+
+def test_a_session_growing_replaces_its_chain_with_the_new_blocks_only() -> None:
+    index = ApproximatePrefixIndex(default_capacity_blocks=8)
+    index.routed("w", (1, 2, 3))
+    index.routed("w", (1, 2, 3, 4, 5), extends=3)  # the previous prompt plus two blocks
+    assert index.held("w") == 5
+    index.routed("w", (7, 8))  # another session
+    index.routed("w", (1, 2, 3, 4, 5, 6, 9), extends=5)
+    # 9 distinct blocks > 8: the least recent chain (7, 8) goes, the grown one stays whole.
+    assert index.matched_blocks("w", (1, 2, 3, 4, 5, 6, 9)) == 7
+    assert (index.matched_blocks("w", (7, 8)), index.held("w")) == (0, 7)
+
+
+def test_a_wrong_hint_costs_time_not_accuracy() -> None:
+    index = ApproximatePrefixIndex()
+    index.routed("w", (1, 2, 3), extends=2)  # nothing was held: counted whole
+    index.routed("w", (1, 2, 3, 4), extends=9)
+    assert index.matched_blocks("w", (1, 2, 3, 4)) == 4
+    assert index.held("w") == 4
 
 
 @pytest.mark.parametrize(

@@ -32,7 +32,8 @@ SIZES = {"2kb": 2 << 10, "64kb": 64 << 10, "256kb": 256 << 10, "1mb": 1 << 20, "
 TURNS = 24
 MEASURED = 8
 HEADERS = {"authorization": "Bearer bench", "x-session-id": "bench-route"}
-_WORDS = ["the", "parser", "module", "reads", "tokens", "and", "builds", "a", "tree", "for", "each", "file", "in", "the", "repo"]
+_WORDS = ("the", "parser", "module", "reads", "tokens", "and", "builds", "a", "tree", "for",
+          "each", "file", "in", "the", "repo")
 
 
 def session_bodies(size: int) -> list[bytes]:
