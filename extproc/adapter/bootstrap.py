@@ -357,3 +357,184 @@ def _override_host_policy() -> dict[str, Any]:
             }
         ]
     }
+
+
+# -- the shape gateways generate for an InferencePool ---------------------------------------
+
+EPP_FILTER = "envoy.filters.http.ext_proc.epp"
+MODEL_ROUTER_FILTER = "saar-model-router"
+PROCESSING_SERVER = "ext-proc-model-router"
+
+
+@dataclass(frozen=True)
+class GatewayPool:
+    """One InferencePool as a gateway renders it: its ORIGINAL_DST cluster, its picker."""
+
+    model: str
+    picker_port: int
+    fail_open: bool = False
+    """The InferencePool's ``endpointPickerRef.failureMode: FailOpen``."""
+
+
+def gateway_bootstrap(
+    pools: tuple[GatewayPool, ...],
+    *,
+    listen: int,
+    admin: int,
+    model_header: str,
+    router_port: int | None = None,
+    host: str = "127.0.0.1",
+    tls: bool = True,
+    access_log: str | None = None,
+) -> dict[str, Any]:
+    """Envoy in the shape Envoy AI Gateway generates for InferencePool backends, emulated:
+    the picker's ext_proc over TLS with an empty validation context (encrypted, unverified),
+    request and response bodies ``FULL_DUPLEX_STREAMED``, trailers SEND, a 300 s message
+    timeout, fail closed unless the pool says FailOpen; each pool's route goes to an
+    ``ORIGINAL_DST`` cluster that takes the host from ``x-gateway-destination-endpoint``.
+
+    With ``router_port`` the model router sits in front as a gateway attaches it (Envoy
+    Gateway's EnvoyExtensionPolicy): buffered request body, response headers, mode override,
+    fail closed. The HTTPRoute matches ``model_header``, one rule per pool; the picker filter
+    follows the route (per-route override of its gRPC service), as a gateway wires one picker
+    per InferencePool."""
+    routes: list[dict[str, Any]] = []
+    for pool in pools:
+        match: dict[str, Any] = {"prefix": "/"}
+        if router_port is not None:
+            match["headers"] = [{"name": model_header,
+                                 "string_match": {"exact": pool.model}}]
+        routes.append({
+            "name": f"pool-{pool.model}",
+            "match": match,
+            "route": {"cluster": f"pool-{pool.model}", "timeout": "0s"},
+            "typed_per_filter_config": {EPP_FILTER: {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3."
+                         "ExtProcPerRoute",
+                "overrides": {"grpc_service": {
+                    "envoy_grpc": {"cluster_name": f"epp-{pool.model}"}, "timeout": "300s"},
+                    "failure_mode_allow": pool.fail_open},
+            }},
+        })
+    if router_port is not None:
+        routes.append({"name": "no-model", "match": {"prefix": "/"},
+                       "direct_response": {"status": 404, "body": {
+                           "inline_string": "no InferencePool for this model\n"}}})
+    filters = []
+    if router_port is not None:
+        filters.append(_gateway_router_filter())
+    filters.append(_epp_filter(pools[0]))
+    filters.append(_router_filter())
+    hcm: dict[str, Any] = {
+        "@type": "type.googleapis.com/envoy.extensions.filters.network."
+        "http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": "gateway",
+        "codec_type": "AUTO",
+        "route_config": {"name": "httproute", "virtual_hosts": [{
+            "name": "gateway", "domains": ["*"],
+            # Which worker served: Envoy's own word, for the tests and the curious.
+            "response_headers_to_add": [_add_header(WORKER_HEADER, "%UPSTREAM_REMOTE_ADDRESS%")],
+            "routes": routes,
+        }]},
+        "http_filters": filters,
+    }
+    if access_log:
+        hcm["access_log"] = [_access_log(access_log)]
+    clusters = [_picker_cluster(f"epp-{p.model}", host, p.picker_port, tls) for p in pools]
+    clusters += [_original_dst_cluster(f"pool-{p.model}") for p in pools]
+    if router_port is not None:
+        clusters.append(_picker_cluster(PROCESSING_SERVER, host, router_port, tls))
+    return {
+        "admin": {"address": _address("127.0.0.1", admin)},
+        "static_resources": {
+            "listeners": [{
+                "name": "gateway",
+                "address": _address("127.0.0.1", listen),
+                "per_connection_buffer_limit_bytes": BUFFER_LIMIT,
+                "filter_chains": [{"filters": [{
+                    "name": "envoy.filters.network.http_connection_manager",
+                    "typed_config": hcm}]}],
+            }],
+            "clusters": clusters,
+        },
+    }
+
+
+def _epp_filter(default: GatewayPool) -> dict[str, Any]:
+    return {
+        "name": EPP_FILTER,
+        "typed_config": {
+            "@type": EXT_PROC,
+            "grpc_service": {"envoy_grpc": {"cluster_name": f"epp-{default.model}"},
+                             "timeout": "300s"},
+            "failure_mode_allow": default.fail_open,
+            "message_timeout": "300s",
+            "processing_mode": {
+                "request_header_mode": "SEND",
+                "response_header_mode": "SEND",
+                "request_body_mode": "FULL_DUPLEX_STREAMED",
+                "response_body_mode": "FULL_DUPLEX_STREAMED",
+                "request_trailer_mode": "SEND",
+                "response_trailer_mode": "SEND",
+            },
+        },
+    }
+
+
+def _gateway_router_filter() -> dict[str, Any]:
+    return {
+        "name": MODEL_ROUTER_FILTER,
+        "typed_config": {
+            "@type": EXT_PROC,
+            "grpc_service": {"envoy_grpc": {"cluster_name": PROCESSING_SERVER},
+                             "timeout": "10s"},
+            "failure_mode_allow": False,
+            "message_timeout": "10s",
+            "allow_mode_override": True,
+            "processing_mode": {
+                "request_header_mode": "SEND",
+                "response_header_mode": "SEND",
+                "request_body_mode": "BUFFERED",
+                "response_body_mode": "NONE",
+            },
+        },
+    }
+
+
+def _picker_cluster(name: str, host: str, port: int, tls: bool) -> dict[str, Any]:
+    cluster: dict[str, Any] = {
+        "name": name,
+        "type": "STRICT_DNS",
+        "lb_policy": "LEAST_REQUEST",
+        "connect_timeout": "10s",
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": HTTP_OPTIONS,
+                "explicit_http_config": {"http2_protocol_options": {}},
+            }
+        },
+        "load_assignment": _endpoints(name, (f"{host}:{port}",)),
+    }
+    if tls:
+        cluster["transport_socket"] = {
+            "name": "envoy.transport_sockets.tls",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3."
+                         "UpstreamTlsContext",
+                # An empty validation context: the certificate is not verified.
+                "common_tls_context": {"validation_context": {}},
+            },
+        }
+    return cluster
+
+
+def _original_dst_cluster(name: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "type": "ORIGINAL_DST",
+        "lb_policy": "CLUSTER_PROVIDED",
+        "connect_timeout": "10s",
+        "per_connection_buffer_limit_bytes": BUFFER_LIMIT,
+        "original_dst_lb_config": {"use_http_header": True,
+                                   "http_header_name": DESTINATION_HEADER},
+    }

@@ -28,7 +28,7 @@ from typing import IO, Any
 
 import yaml
 
-from ..adapter.bootstrap import EnvoyPorts, bootstrap
+from ..adapter.bootstrap import EnvoyPorts, GatewayPool, bootstrap, gateway_bootstrap
 from ..config import parse_config
 
 READY_TIMEOUT = 30.0
@@ -187,6 +187,37 @@ def store_server(kind: str, workdir: str | Path | None = None) -> Iterator[tuple
         service.close()
 
 
+def _start_sims(
+    config: dict[str, Any], workers_per_model: int, sim_args: Sequence[str],
+    kv_events_tokenizer: Path | None,
+    spawn: Callable[[str, Sequence[str], Callable[[subprocess.Popen[bytes]], None]], Service],
+) -> dict[str, list[str]]:
+    """Start ``workers_per_model`` simulators per model and write them into ``config``."""
+    sims: dict[str, list[str]] = {}
+    for model_name, model in config["models"].items():
+        workers = []
+        for index in range(workers_per_model):
+            port = free_port()
+            worker: dict[str, str] = {"address": f"127.0.0.1:{port}"}
+            extra: list[str] = []
+            if kv_events_tokenizer is not None:
+                worker["kv_events"] = f"tcp://127.0.0.1:{free_port()}"
+                extra = ["--tokenizer", str(kv_events_tokenizer),
+                         "--kv-events-endpoint", worker["kv_events"]]
+            spawn(
+                f"sim-{model_name}-{index}",
+                [sys.executable, "-m", "extproc", "sim-server", "--host", "127.0.0.1",
+                 "--port", str(port), "--model", model_name,
+                 "--instance-id", f"{model_name}-{index}", *sim_args, *extra],
+                functools.partial(wait_http, f"http://127.0.0.1:{port}/health"),
+            )
+            workers.append(worker)
+        model.pop("endpoints", None)
+        model["workers"] = workers
+        sims[model_name] = [f"http://{w['address']}" for w in workers]
+    return sims
+
+
 @contextlib.contextmanager
 def run_stack(
     base_config: dict[str, Any],
@@ -230,28 +261,7 @@ def run_stack(
             store_service.start()
             config["state"] = {**config.get("state", {}), "store": "redis",
                                "redis_url": store_url}
-        sims: dict[str, list[str]] = {}
-        for model_name, model in config["models"].items():
-            workers = []
-            for index in range(workers_per_model):
-                port = free_port()
-                worker: dict[str, str] = {"address": f"127.0.0.1:{port}"}
-                extra: list[str] = []
-                if kv_events_tokenizer is not None:
-                    worker["kv_events"] = f"tcp://127.0.0.1:{free_port()}"
-                    extra = ["--tokenizer", str(kv_events_tokenizer),
-                             "--kv-events-endpoint", worker["kv_events"]]
-                spawn(
-                    f"sim-{model_name}-{index}",
-                    [sys.executable, "-m", "extproc", "sim-server", "--host", "127.0.0.1",
-                     "--port", str(port), "--model", model_name,
-                     "--instance-id", f"{model_name}-{index}", *sim_args, *extra],
-                    functools.partial(wait_http, f"http://127.0.0.1:{port}/health"),
-                )
-                workers.append(worker)
-            model.pop("endpoints", None)
-            model["workers"] = workers
-            sims[model_name] = [f"http://{w['address']}" for w in workers]
+        sims = _start_sims(config, workers_per_model, sim_args, kv_events_tokenizer, spawn)
         if kv_events_tokenizer is not None:
             prefix = config.setdefault("scheduling", {}).setdefault("prefix", {})
             prefix.update({"mode": "precise", "tokenizer": str(kv_events_tokenizer)})
@@ -285,6 +295,96 @@ def run_stack(
               functools.partial(wait_http, f"http://127.0.0.1:{envoy_ports.admin}/ready"))
         yield Stack(tmp, f"http://127.0.0.1:{envoy_ports.listen}", sims, config_path,
                     access_log, processors, store_service, store_url, services)
+    finally:
+        for service in reversed(services):
+            service.close()
+
+
+@dataclass
+class Gateway:
+    """A running gateway emulation: ``url`` is Envoy's listener; ``pickers`` maps a model to
+    its endpoint picker; ``router`` is the model router in front, if any."""
+
+    workdir: Path
+    url: str
+    sims: dict[str, list[str]]
+    pickers: dict[str, Processor]
+    router: Processor | None
+    access_log: Path
+    services: list[Service] = field(default_factory=list)
+
+    def instance(self, name: str) -> str:
+        """The ``host:port`` of the simulator that answers ``x-sim-instance: name``."""
+        model, _, index = name.rpartition("-")
+        return self.sims[model][int(index)].removeprefix("http://")
+
+
+@contextlib.contextmanager
+def run_gateway(
+    base_config: dict[str, Any],
+    *,
+    pools: Sequence[str] | None = None,
+    workers_per_model: int = 2,
+    router: bool = False,
+    tls: bool = True,
+    fail_open: bool = False,
+    workdir: str | Path | None = None,
+) -> Iterator[Gateway]:
+    """Envoy in the shape a gateway generates for InferencePools (``gateway_bootstrap``), an
+    endpoint picker per pool (``saar serve --pool-name MODEL``, TLS) and ``workers_per_model``
+    simulated workers per model; with ``router``, the model router in front (``saar serve``,
+    scheduling off). The pickers use their config's workers (static discovery)."""
+    tmp = Path(workdir or tempfile.mkdtemp(prefix="saar-gateway-"))
+    tmp.mkdir(parents=True, exist_ok=True)
+    services: list[Service] = []
+
+    def spawn(name: str, argv: Sequence[str],
+              ready: Callable[[subprocess.Popen[bytes]], None]) -> Service:
+        service = Service(name, argv, tmp, ready)
+        services.append(service)
+        service.start()
+        return service
+
+    def processor(name: str, path: Path, *extra: str) -> Processor:
+        grpc_port, http_port = free_port(), free_port()
+        argv = [sys.executable, "-m", "extproc", "serve", "--config", str(path),
+                "--grpc-port", str(grpc_port), "--http-port", str(http_port), *extra]
+        service = spawn(name, argv,
+                        functools.partial(wait_http, f"http://127.0.0.1:{http_port}/healthz"))
+        return Processor(service, grpc_port, http_port)
+
+    try:
+        config = copy.deepcopy(base_config)
+        sims = _start_sims(config, workers_per_model, (), None, spawn)
+        server = config.setdefault("server", {})
+        server.update({"host": "127.0.0.1", "tls": {"enabled": tls}})
+        picker_path = tmp / "picker.yaml"
+        picker_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        chosen = tuple(pools or config["models"])
+        pickers = {model: processor(f"picker-{model}", picker_path, "--pool-name", model)
+                   for model in chosen}
+        front = None
+        if router:
+            routed = copy.deepcopy(config)
+            routed["scheduling"] = {**routed.get("scheduling", {}), "enabled": False}
+            router_path = tmp / "router.yaml"
+            router_path.write_text(yaml.safe_dump(routed, sort_keys=False))
+            front = processor("router", router_path)
+        parsed = parse_config(config)
+        listen, admin = free_port(), free_port()
+        access_log = tmp / "access.log"
+        doc = gateway_bootstrap(
+            tuple(GatewayPool(m, pickers[m].grpc_port, fail_open) for m in chosen),
+            listen=listen, admin=admin, model_header=parsed.routing.model_header,
+            router_port=front.grpc_port if front else None, tls=tls,
+            access_log=str(access_log))
+        envoy_yaml = tmp / "envoy.yaml"
+        envoy_yaml.write_text(yaml.safe_dump(doc, sort_keys=False))
+        spawn("envoy", [envoy_binary(), "-c", str(envoy_yaml), "--log-level", "warn",
+                        "--concurrency", "1", "--use-dynamic-base-id"],
+              functools.partial(wait_http, f"http://127.0.0.1:{admin}/ready"))
+        yield Gateway(tmp, f"http://127.0.0.1:{listen}", sims, pickers, front, access_log,
+                      services)
     finally:
         for service in reversed(services):
             service.close()

@@ -208,28 +208,35 @@ def test_replicas_spread_over_zones_and_nodes(manifest: Manifest) -> None:
             assert c["whenUnsatisfiable"] == "ScheduleAnyway"
 
 
-def test_probes_use_grpc_health_unless_the_grpc_port_speaks_tls(
+def test_probes_use_grpc_health_on_the_plaintext_health_port(
         manifest: Manifest, values: dict[str, Any]) -> None:
-    tls = values["server"]["tls"]["enabled"]
+    """kubelet's gRPC probes cannot speak TLS: they go to the health port, which serves gRPC
+    health in plaintext whatever the gRPC port speaks (the config says so to the service)."""
     for deployment in _saar_deployments(manifest):
         saar = container(deployment)
         ports = {p["name"]: p["containerPort"] for p in saar["ports"]}
         for probe, service in (("startupProbe", "liveness"), ("livenessProbe", "liveness"),
                                ("readinessProbe", "readiness")):
             spec = saar[probe]
-            if tls:
-                assert "grpc" not in spec
+            if values["probes"]["type"] == "http":
                 assert spec["httpGet"]["path"] == "/healthz"
                 assert ports[spec["httpGet"]["port"]] == values["server"]["httpPort"]
             else:
-                assert spec["grpc"] == {"port": values["server"]["grpcPort"], "service": service}
+                assert spec["grpc"] == {"port": values["server"]["healthPort"],
+                                        "service": service}
+                assert ports["health"] == values["server"]["healthPort"]
                 assert "httpGet" not in spec
+        name = deployment["metadata"]["name"]
+        config = service_config(manifest, name)
+        assert config["server"]["health_port"] == values["server"]["healthPort"]
 
 
-def test_plaintext_values_get_the_grpc_probes() -> None:
-    saar = container(render_chart(values_of("plaintext")).get("Deployment", ROUTER))
-    assert saar["livenessProbe"]["grpc"] == {"port": 9002, "service": "liveness"}
-    assert saar["readinessProbe"]["grpc"] == {"port": 9002, "service": "readiness"}
+def test_tls_values_still_get_the_grpc_probes() -> None:
+    saar = container(render_chart(values_of("default")).get("Deployment", ROUTER))
+    assert saar["livenessProbe"]["grpc"] == {"port": 9003, "service": "liveness"}
+    assert saar["readinessProbe"]["grpc"] == {"port": 9003, "service": "readiness"}
+    plaintext = container(render_chart(values_of("plaintext")).get("Deployment", ROUTER))
+    assert plaintext["readinessProbe"]["httpGet"]["path"] == "/healthz"
 
 
 def test_every_container_requests_resources(manifest: Manifest) -> None:
@@ -336,8 +343,11 @@ def test_config_ports_match_the_pods_and_services(manifest: Manifest) -> None:
         server = config["server"]
         assert server["host"] == "0.0.0.0"
         ports = {p["name"]: p["containerPort"] for p in container(deployment)["ports"]}
-        assert ports == {"grpc": server["grpc_port"], "http": server["http_port"]}
+        assert ports == {"grpc": server["grpc_port"], "http": server["http_port"],
+                         "health": server["health_port"]}
         service = manifest.get("Service", deployment["metadata"]["name"])
+        # The health port is kubelet's, not the Service's.
+        del ports["health"]
         assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == ports
         assert selects(service["spec"]["selector"], _pod_labels(deployment))
         grpc = next(p for p in service["spec"]["ports"] if p["name"] == "grpc")

@@ -66,7 +66,6 @@ def test_values_schema_rejects(values: dict[str, Any], message: str) -> None:
     ({"routing": {"decisions": [{"name": "d", "modelRefs": [{"model": "gpt-9"}]}]}},
      'unknown model "gpt-9"'),
     ({"httpRoute": {"defaultModel": "gpt-9"}}, "is not the name of a model"),
-    ({"probes": {"type": "grpc"}}, "cannot speak TLS"),
 ])
 def test_template_checks_refuse(values: dict[str, Any], message: str) -> None:
     with pytest.raises(helm_python.HelmRenderError) as caught:

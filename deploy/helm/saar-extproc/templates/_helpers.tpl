@@ -118,6 +118,7 @@ server:
   host: 0.0.0.0
   grpc_port: {{ int .Values.server.grpcPort }}
   http_port: {{ int .Values.server.httpPort }}
+  health_port: {{ int .Values.server.healthPort }}
   tls:
     enabled: {{ .Values.server.tls.enabled }}
     {{- if and .Values.server.tls.enabled .Values.server.tls.existingSecret }}
@@ -168,23 +169,16 @@ routing:
 {{- toYaml (merge $owned (deepCopy $root.Values.epp.config) (deepCopy $root.Values.config)) -}}
 {{- end -}}
 
-{{/* "grpc" or "http": how kubelet probes the pods. */}}
+{{/* "grpc" or "http": how kubelet probes the pods (gRPC: on the plaintext health port). */}}
 {{- define "saar.probeType" -}}
-{{- $type := .Values.probes.type -}}
-{{- if eq $type "auto" -}}
-{{- ternary "http" "grpc" .Values.server.tls.enabled -}}
-{{- else if and (eq $type "grpc") .Values.server.tls.enabled -}}
-{{- fail "probes.type=grpc needs server.tls.enabled=false: kubelet's gRPC probes cannot speak TLS (use probes.type=auto or http)" -}}
-{{- else -}}
-{{- $type -}}
-{{- end -}}
+{{- ternary "http" "grpc" (eq .Values.probes.type "http") -}}
 {{- end -}}
 
 {{- define "saar.probe" -}}
 {{- $root := .root -}}
 {{- if eq (include "saar.probeType" $root) "grpc" }}
 grpc:
-  port: {{ int $root.Values.server.grpcPort }}
+  port: {{ int $root.Values.server.healthPort }}
   service: {{ .service }}
 {{- else }}
 httpGet:
@@ -278,6 +272,9 @@ spec:
           protocol: TCP
         - name: http
           containerPort: {{ int $root.Values.server.httpPort }}
+          protocol: TCP
+        - name: health
+          containerPort: {{ int $root.Values.server.healthPort }}
           protocol: TCP
       env:
         - {name: PYTHONUNBUFFERED, value: "1"}
