@@ -97,7 +97,8 @@ def session(stack: Stack) -> list[dict[str, str]]:
             rows.append(_row(f"{len(rows) + 1} chat: {label}", raw))
             messages.append(raw.parse().choices[0].message.model_dump(exclude_none=True))
         if turn == 0:
-            explorer = client(**{"x-session-id": SUB_AGENT, "x-parent-session-id": SESSION})
+            explorer = client(**{"x-session-id": SUB_AGENT, "x-parent-session-id": SESSION,
+                                 "x-dynamo-session-final": "true"})  # done after one call
             raw = explorer.chat.completions.with_raw_response.create(
                 model="auto", messages=[{"role": "user",
                                          "content": "Explain how the tokenizer module works."}])

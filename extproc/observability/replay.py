@@ -163,6 +163,17 @@ class ReplayStore:
                     break
         return out
 
+    def sub_sessions(self, tenant: str, session_id: str) -> list[SessionKey]:
+        """Sessions of ``tenant`` whose records name ``session_id`` as their parent."""
+        found = []
+        for key, ids in self._sessions.items():
+            if key[0] == tenant and ids:
+                record = self._records.get(ids[-1])
+                if record is not None and (record.get("session") or {}).get("parent") == \
+                        session_id:
+                    found.append(key)
+        return found
+
     def index_size(self) -> int:
         """Ids in the per-session index (never more than the records kept)."""
         return sum(len(ids) for ids in self._sessions.values())

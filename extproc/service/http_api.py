@@ -4,7 +4,8 @@ surfaces behind ``AdminAuth``: the replay API, session lists and timelines, and 
     GET  /v1/replay/{id}                  one record
     GET  /v1/replay?session_id=S[&tenant=T]   a session's records (T: the admin's choice)
     GET  /v1/sessions[?limit=N]           recent sessions this replica routed, summarised
-    GET  /v1/timeline?session_id=S[&tenant=T] | ?replay_id=R   Chrome trace-event JSON
+    GET  /v1/timeline?session_id=S[&tenant=T]  Chrome trace-event JSON of the session and
+                                          its sub-agents
     GET  /ui                              the web view (a sign-in form until signed in)
     POST /ui/login, /ui/logout            set or clear the web view's cookie
 """
@@ -87,21 +88,15 @@ async def _sessions(request: web.Request, caller: Caller) -> web.Response:
 
 
 async def _timeline(request: web.Request, caller: Caller) -> web.Response:
-    replay_id = request.query.get("replay_id")
-    if replay_id:
-        record = await request.app[TELEMETRY_KEY].lookup.get(replay_id)
-        if record is None or not caller.sees(record):
-            return web.json_response(_NOT_FOUND, status=404)
-        session = record.get("session") or {}
-        records = [record]
-        if session.get("id"):
-            records = await request.app[TELEMETRY_KEY].lookup.for_session(
-                session["id"], session.get("tenant"))
-        return web.json_response(timeline(records))
     found = await _session_records(request, caller)
     if isinstance(found, web.Response):
         return found
-    return web.json_response(timeline(found[1]))
+    session_id, records = found
+    store = request.app[ROUTER_KEY].replay
+    for tenant in {(r.get("session") or {}).get("tenant") for r in records}:
+        for child in store.sub_sessions(str(tenant), session_id):
+            records += store.for_session(child[1], child[0])
+    return web.json_response(timeline(records))
 
 
 async def _ui(request: web.Request, caller: Caller) -> web.Response:
