@@ -1,0 +1,87 @@
+"""The Grafana dashboard and the Prometheus alert rules in deploy/: every metric they name is one
+the service exports, and the rules behave as their unit tests say (the real promtool)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+from extproc.observability.metrics import Metrics
+from tests.conftest import ROOT
+
+DASHBOARD = ROOT / "deploy" / "grafana" / "saar-dashboard.json"
+RULES = ROOT / "deploy" / "prometheus" / "saar-alerts.yaml"
+RULE_TESTS = ROOT / "deploy" / "prometheus" / "saar-alerts.test.yaml"
+NAME = re.compile(r"\b(saar_[a-z0-9_]+)")
+SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"),
+            "gauge": ("",), "summary": ("", "_sum", "_count")}
+
+
+def exported() -> set[str]:
+    """The series names the service's registry can export."""
+    names = set()
+    for family in Metrics().registry.collect():
+        names.update(family.name + suffix for suffix in SUFFIXES[family.type])
+    return names
+
+
+def dashboard_exprs() -> list[str]:
+    document = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for panel in document["panels"] for t in panel.get("targets", ())]
+    exprs += [v["query"]["query"] for v in document["templating"]["list"] if v["type"] == "query"]
+    return exprs
+
+
+def rule_exprs() -> list[str]:
+    return [rule["expr"] for group in yaml.safe_load(RULES.read_text())["groups"]
+            for rule in group["rules"]]
+
+
+@pytest.mark.parametrize("source", ["dashboard", "rules"])
+def test_every_metric_named_is_exported(source):
+    exprs = dashboard_exprs() if source == "dashboard" else rule_exprs()
+    named = {name for expr in exprs for name in NAME.findall(expr)}
+    assert named, "the file names no metric at all"
+    assert named - exported() == set()
+
+
+def test_the_dashboard_covers_what_operators_ask_for():
+    named = {name for expr in dashboard_exprs() for name in NAME.findall(expr)}
+    for wanted in ("saar_scheduling_plugin_seconds_bucket", "saar_router_overhead_seconds_bucket",
+                   "saar_session_duration_seconds_bucket", "saar_session_turns_sum",
+                   "saar_session_tool_seconds_bucket", "saar_session_switches_sum",
+                   "saar_session_locked_turns_sum", "saar_store_seconds_bucket",
+                   "saar_store_errors_total"):
+        assert wanted in named, wanted
+    document = json.loads(DASHBOARD.read_text())
+    ids = [panel["id"] for panel in document["panels"]]
+    assert len(ids) == len(set(ids))
+    datasources = {t["datasource"]["uid"] for panel in document["panels"]
+                   for t in panel.get("targets", ())}
+    assert datasources == {"${datasource}"}, "the Prometheus data source is a variable"
+
+
+def _promtool(*args: str) -> subprocess.CompletedProcess[str]:
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool comes with Debian's prometheus package (`make install`)"
+    return subprocess.run([promtool, *args], cwd=RULES.parent, capture_output=True, text=True)
+
+
+def test_promtool_checks_the_rules():
+    checked = _promtool("check", "rules", RULES.name)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "10 rules found" in checked.stdout
+
+
+def test_promtool_unit_tests_of_the_rules_pass():
+    tested = _promtool("test", "rules", RULE_TESTS.name)
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+    alerts = {t["alertname"] for group in yaml.safe_load(RULE_TESTS.read_text())["tests"]
+              for t in group["alert_rule_test"]}
+    assert {"SaarRouterOverheadHigh", "SaarSchedulingPluginSlow", "SaarErrorRatioHigh",
+            "SaarStoreDown", "SaarStoreWritesDropped", "SaarProcessorDown"} <= alerts
