@@ -2,10 +2,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import hypothesis  # noqa: F401  (see below)
 import pytest
 import yaml
 
 from extproc.config import Config, parse_config
+
+# hypothesis is imported here, at collection, on purpose: otherwise its pytest plugin imports it
+# at the very end of a session that used none of it, from deep inside pluggy, where CPython
+# 3.11.7's compile() fails with "AST constructor recursion depth mismatch" and the run exits 1.
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_CONFIG = ROOT / "config" / "example.yaml"

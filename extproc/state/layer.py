@@ -1,14 +1,18 @@
 """Router state as the service uses it: the local store always, the shared store when there is
 one, and what happens when the shared store is slow or gone.
 
-* A call never waits longer than ``timeout`` on the shared store. A failure marks it down; from
-  then on requests are served from the local store at once, and a background task reconnects
-  with backoff.
+* A call on the request path never waits longer than ``timeout`` on the shared store. A *slow*
+  call (a timeout) is served from local state, but the store stays in use: other replicas read
+  what this one writes, so one slow answer must not stop its lock-critical writes (a write that
+  timed out was already sent and lands in order; it is also kept to be sent again). The store
+  is marked *down* — every request served from local state at once, a background task
+  reconnecting with backoff — when a connection fails, or after ``TRIP_TIMEOUTS`` slow calls
+  in a row.
 * Every write lands in the local store first, so this replica never forgets what it learnt.
-  Writes the shared store did not take wait in a bounded backlog, in order, and are replayed
-  when it is back (they are deltas, idempotent per replay id: replaying is safe). Sessions with
-  writes in the backlog are served from the local copy even once the store answers again, until
-  the backlog has drained.
+  Writes the shared store did not take wait in a bounded backlog, in order, and are sent again
+  (they are deltas, idempotent per replay id, and a turn older than the record's newest never
+  overwrites it: sending again is safe). Sessions with writes that never reached the store are
+  served from the local copy even once it answers again, until the backlog has drained.
 * A load from the shared store is merged with the local one: an id owner or a session record
   known here but missing there (the store restarted empty, an eviction) is kept, so a lock
   known locally is never dropped.
@@ -41,6 +45,10 @@ log = logging.getLogger(__name__)
 
 BACKOFF_START = 0.05
 BACKOFF_MAX = 2.0
+TRIP_TIMEOUTS = 3
+"""Slow calls in a row that mark the store down (one connection failure does at once)."""
+OFF_PATH = 20
+"""Writes off the request path (the writer, the backlog) wait this many times ``timeout``."""
 
 T = TypeVar("T")
 
@@ -61,14 +69,19 @@ class StateLayer:
         self._clock = clock
         self._metrics = metrics
         self._timeout = timeout
-        self._backlog: deque[Sequence[Write]] = deque()
+        self._backlog: deque[tuple[Sequence[Write], bool]] = deque()
+        """(writes, never reached the store) to send again, oldest first."""
         self._max_backlog = max_backlog
         self._dirty: dict[str, int] = {}
         """Session key → writes of it waiting in the backlog."""
         self._up = shared is not None
+        self._slow = 0
+        """Slow calls in a row."""
         self._queue: asyncio.Queue[Sequence[Write]] | None = None
         self._writer_task: asyncio.Task[None] | None = None
         self._recovery: asyncio.Task[None] | None = None
+        self._pending = asyncio.Event()
+        """Set while the backlog holds writes to send again."""
         metrics.store_up.set(1 if self._up else 0)
 
     @classmethod
@@ -118,8 +131,7 @@ class StateLayer:
             return
         self._queue = asyncio.Queue()
         self._writer_task = asyncio.create_task(self._writer(), name="state-writer")
-        if not self._up:
-            self._recovery = asyncio.create_task(self._recover(), name="state-recover")
+        self._recovery = asyncio.create_task(self._recover(), name="state-backlog")
 
     async def stop(self) -> None:
         """Drain what is queued (bounded by the timeout per batch), then stop."""
@@ -139,7 +151,7 @@ class StateLayer:
         local = self.local.load_now(query)
         if self.shared is None or not self._up:
             return local
-        shared = await self._call("load", self.shared.load(query))
+        shared = await self._call("load", self.shared.load(query), self._timeout)
         if shared is None:
             return local
         return self._merge(query, shared, local)
@@ -152,12 +164,12 @@ class StateLayer:
         applied = self.local.apply_now(writes, now)
         if self.shared is None:
             return applied
-        if not self._up or self._backlog:
-            self._defer(writes)
+        if not self._up:
+            self._defer(writes, lost=True)
             return applied
-        shared = await self._call("apply", self.shared.apply(writes, now))
+        shared = await self._call("apply", self.shared.apply(writes, now), self._timeout)
         if shared is None:
-            self._defer(writes)
+            self._defer(writes, lost=not self._up)
             return applied
         return shared
 
@@ -169,7 +181,7 @@ class StateLayer:
         if self.shared is None:
             return
         if self._queue is None:
-            self._defer(writes)
+            self._defer(writes, lost=True)
         else:
             self._queue.put_nowait(writes)
 
@@ -189,28 +201,40 @@ class StateLayer:
             self.local.put_owners(dict(shared.owners))
         return Facts(key, record, owners)
 
-    async def _call(self, op: str, call: Awaitable[T]) -> T | None:
-        """Await ``call`` within the timeout; None (and the store marked down) on failure."""
+    async def _call(self, op: str, call: Awaitable[T], timeout: float) -> T | None:
+        """Await ``call`` within ``timeout``; None on failure (the store marked down on a
+        connection failure, or on too many slow calls in a row)."""
         started = time.perf_counter()
         try:
-            result = await asyncio.wait_for(call, self._timeout)
+            result = await asyncio.wait_for(call, timeout)
+        except TimeoutError:
+            self._metrics.store_errors.labels(op, "TimeoutError").inc()
+            self._slow += 1
+            if self._slow >= TRIP_TIMEOUTS:
+                self._down(f"{op}: {self._slow} slow calls in a row")
+            return None
         except Exception as exc:
             self._metrics.store_errors.labels(op, type(exc).__name__).inc()
             self._down(f"{op}: {type(exc).__name__}: {exc}")
             return None
+        self._slow = 0
         self._metrics.store_seconds.labels(op).observe(time.perf_counter() - started)
         return result
 
-    def _defer(self, writes: Sequence[Write]) -> None:
+    def _defer(self, writes: Sequence[Write], *, lost: bool) -> None:
+        """Keep ``writes`` to send again; ``lost`` ones never reached the store, so their
+        sessions are served from the local copy until they have."""
         if len(self._backlog) >= self._max_backlog:
-            dropped = self._backlog.popleft()
+            dropped, _ = self._backlog.popleft()
             self._undirty(dropped)
             self._metrics.store_dropped.inc()
-        self._backlog.append(writes)
-        for write in writes:
-            key = session_of(write)
-            if key is not None:
-                self._dirty[key] = self._dirty.get(key, 0) + 1
+        self._backlog.append((writes, lost))
+        if lost:
+            for write in writes:
+                key = session_of(write)
+                if key is not None:
+                    self._dirty[key] = self._dirty.get(key, 0) + 1
+        self._pending.set()
         self._metrics.store_backlog.set(len(self._backlog))
 
     def _undirty(self, writes: Sequence[Write]) -> None:
@@ -227,49 +251,54 @@ class StateLayer:
         self._up = False
         self._metrics.store_up.set(0)
         log.warning("shared store unavailable (%s); serving from local state", why)
-        if self._writer_task is not None:
-            self._recovery = asyncio.create_task(self._recover(), name="state-recover")
+        self._pending.set()
 
     async def _recover(self) -> None:
-        """Ping with backoff; once the store answers, seed it with the local records of the
-        sessions written meanwhile (where it lost them: a restart without persistence), replay
-        the backlog on top (idempotent: the seeds already hold those turns), then mark it up."""
+        """Whenever the backlog holds writes: if the store is down, ping it with backoff and,
+        once it answers, seed it with the local records of the sessions written meanwhile
+        (where it lost them: a restart without persistence); then send the backlog again in
+        order (idempotent: the seeds already hold those turns) and mark the store up."""
         assert self.shared is not None
         delay = BACKOFF_START
         while True:
-            await asyncio.sleep(delay)
-            delay = min(BACKOFF_MAX, delay * 2)
+            await self._pending.wait()
             try:
-                await asyncio.wait_for(self.shared.ping(), self._timeout * 4)
-                seeds = {key: record for key in self._dirty
-                         if (record := self.local.record(key)) is not None}
-                await asyncio.wait_for(self.shared.seed(seeds), self._timeout * 4)
+                if not self._up:
+                    await asyncio.wait_for(self.shared.ping(), self._timeout * 4)
+                    seeds = {key: record for key in self._dirty
+                             if (record := self.local.record(key)) is not None}
+                    await asyncio.wait_for(self.shared.seed(seeds), self._timeout * OFF_PATH)
                 while self._backlog:
-                    batch = self._backlog[0]
+                    batch, _ = self._backlog[0]
                     await asyncio.wait_for(
-                        self.shared.apply(batch, self._clock()), self._timeout * 4
+                        self.shared.apply(batch, self._clock()), self._timeout * OFF_PATH
                     )
                     self._backlog.popleft()
                     self._undirty(batch)
                     self._metrics.store_backlog.set(len(self._backlog))
             except Exception as exc:
                 self._metrics.store_errors.labels("recover", type(exc).__name__).inc()
+                await asyncio.sleep(delay)
+                delay = min(BACKOFF_MAX, delay * 2)
                 continue
-            self._up = True
-            self._metrics.store_up.set(1)
-            log.info("shared store back; backlog written")
-            self._recovery = None
-            return
+            delay = BACKOFF_START
+            self._pending.clear()
+            if not self._up:
+                self._up, self._slow = True, 0
+                self._metrics.store_up.set(1)
+                log.info("shared store back; backlog written")
 
     async def _writer(self) -> None:
+        """Sends what ``send`` queued, in order; off the request path, so it waits longer."""
         assert self._queue is not None and self.shared is not None
         while True:
             writes = await self._queue.get()
             try:
                 sent = None
-                if self._up and not self._backlog:
-                    sent = await self._call("send", self.shared.apply(writes, self._clock()))
+                if self._up:
+                    sent = await self._call("send", self.shared.apply(writes, self._clock()),
+                                            self._timeout * OFF_PATH)
                 if sent is None:
-                    self._defer(writes)
+                    self._defer(writes, lost=not self._up)
             finally:
                 self._queue.task_done()

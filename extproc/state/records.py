@@ -50,6 +50,10 @@ class SessionRecord:
     """Ids the last answer issued (tool calls, its response, provider state), owned by this
     record's model on ``issued_worker``: a request continuing them needs no owner lookup."""
     issued_worker: str | None = None
+    last_started: float = 0.0
+    """When the newest committed turn was routed: an older turn arriving later (a write sent
+    again after an outage, parallel requests answered out of order) is counted but never
+    overwrites what the newer one set."""
     version: int = 0
     """Bumped by every write; the Redis store's compare-and-set compares it."""
 
@@ -161,6 +165,10 @@ def commit(
         return record, False
     if record is None:
         record = SessionRecord(turn.model, turn.decision, turn.phase, now)
+    elif turn.started < record.last_started:
+        record.turns += 1
+        record.recent = [*record.recent[-(RECENT_TURNS_KEPT - 1):], turn.replay_id]
+        return record, False
     moved = turn.switched and record.model != turn.model
     if moved:
         record.switches += 1
@@ -176,6 +184,7 @@ def commit(
     record.last_seen = now
     record.context_tokens = turn.context_tokens
     record.last_replay_id = turn.replay_id
+    record.last_started = turn.started
     record.recent = [*record.recent[-(RECENT_TURNS_KEPT - 1):], turn.replay_id]
     record.issued, record.issued_worker = [], None  # answered, or left behind by this turn
     return record, moved
@@ -235,16 +244,17 @@ def pack_record(record: SessionRecord) -> bytes:
          record.turns, record.switches, record.switch_times, record.context_tokens,
          record.estimated_reuse_tokens, record.reported_prompt_tokens,
          record.reported_cached_tokens, record.last_replay_id, record.recent, record.issued,
-         record.issued_worker]
+         record.issued_worker, record.last_started]
     )
 
 
 def unpack_record(data: bytes, version: int) -> SessionRecord:
     (model, decision, phase, last_seen, worker, turns, switches, switch_times, context,
-     reuse, prompt, cached, last_replay_id, recent, issued, issued_worker) = msgpack.unpackb(data)
+     reuse, prompt, cached, last_replay_id, recent, issued, issued_worker,
+     last_started) = msgpack.unpackb(data)
     return SessionRecord(model, decision, Phase(phase), last_seen, worker, turns, switches,
                          list(switch_times), context, reuse, prompt, cached, last_replay_id,
-                         list(recent), list(issued), issued_worker, version)
+                         list(recent), list(issued), issued_worker, last_started, version)
 
 
 OWNER_SEPARATOR = "\x00"

@@ -165,3 +165,60 @@ async def test_replicas_share_one_tenant_secret(servers, prefix, tmp_path):
     assert await one.tenant_secret(parse_config(data)) == b"a-configured-secret-of-enough-bytes"
     await one.stop()
     await two.stop()
+
+
+class Slow:
+    """A real store whose next ``calls`` writes come late (a loaded machine, a GC pause)."""
+
+    def __init__(self, store, calls: int) -> None:
+        self.store, self.calls = store, calls
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+    async def apply(self, writes, now):
+        if self.calls:
+            self.calls -= 1
+            await asyncio.sleep(TIMEOUT * 4)
+        return await self.store.apply(writes, now)
+
+
+def slow_layer(url: str, prefix: str, calls: int) -> tuple[StateLayer, Slow]:
+    state = layer(url, prefix)
+    slow = Slow(state.shared, calls)
+    state.shared = slow
+    return state, slow
+
+
+async def test_one_slow_answer_does_not_stop_the_writes_other_replicas_read(servers, prefix):
+    """The lock loss seen under load: a replica that stopped writing after one timeout left
+    its commits invisible to the other replica. One slow call keeps the store in use."""
+    url = servers("valkey")[1]
+    (mine, _), other = slow_layer(url, prefix, calls=1), layer(url, prefix)
+    mine.start()
+    await mine.apply([Commit(turn(1))])  # slow: served locally, sent again later
+    assert mine.up
+    await mine.apply([Commit(turn(2)), claim("call_2")])  # goes straight to the store
+    facts = await other.load(Query("t/s", (owner_key("t", "call_2"),)))
+    assert facts.session.last_replay_id == "rp-2" and facts.owners
+    await wait_for(lambda: not mine._backlog)
+    record = (await other.load(Query("t/s"))).session
+    # Turn 1 landed after turn 2: counted, but the newer turn's state stands.
+    assert (record.turns, record.last_replay_id, set(record.recent)) == (2, "rp-2",
+                                                                         {"rp-1", "rp-2"})
+    await mine.stop()
+    await other.stop()
+
+
+async def test_slow_answers_in_a_row_mark_the_store_down(servers, prefix):
+    from extproc.state.layer import TRIP_TIMEOUTS
+
+    state, slow = slow_layer(servers("redis")[1], prefix, calls=10**6)
+    state.start()
+    for n in range(TRIP_TIMEOUTS):
+        await state.apply([Commit(turn(n + 1))])
+    assert not state.up
+    slow.calls = 0
+    await wait_for(lambda: state.up)  # the store answers again: back, backlog written
+    assert (await layer(servers("redis")[1], prefix).load(Query("t/s"))).session.turns == 3
+    await state.stop()

@@ -68,6 +68,10 @@ TOOL_ANSWER = dict(tool_calls=True, usage=Usage(500, 20, 400))
         ("a switch without a known worker drops the old binding",
          [Commit(turn(1)), Commit(turn(2, "m2", True, worker=None))],
          2, "m2", Phase.NORMAL, 1, None),
+        ("an older turn sent again after a newer one is counted, never wins",
+         [Commit(turn(1)), Commit(turn(3, "m2", True, worker="w3")),
+          Commit(turn(2, "m3", True, worker="w2"))],
+         3, "m2", Phase.NORMAL, 1, "w3"),
     ],
 )
 def test_writes_on_a_record(name, writes, turns, model, phase, switches, worker):
