@@ -82,6 +82,9 @@ class StateLayer:
         self._recovery: asyncio.Task[None] | None = None
         self._pending = asyncio.Event()
         """Set while the backlog holds writes to send again."""
+        self._secret: bytes | None = None
+        """The tenant-hash key this replica uses, when the store keeps it for every replica:
+        put back if the store comes back without it, so a replica started later agrees."""
         metrics.store_up.set(1 if self._up else 0)
 
     @classmethod
@@ -114,8 +117,9 @@ class StateLayer:
         shared = self.shared
         if isinstance(shared, RedisStore):
             try:
-                return await asyncio.wait_for(
-                    shared.shared_secret(secrets.token_bytes(32)), self._timeout * 20)
+                self._secret, _ = await asyncio.wait_for(
+                    shared.shared_secret(secrets.token_bytes(32)), self._timeout * OFF_PATH)
+                return self._secret
             except Exception as exc:
                 log.warning("no shared tenant secret (%s): tenants differ per replica until "
                             "the store answers at a restart", exc)
@@ -265,9 +269,7 @@ class StateLayer:
             try:
                 if not self._up:
                     await asyncio.wait_for(self.shared.ping(), self._timeout * 4)
-                    seeds = {key: record for key in self._dirty
-                             if (record := self.local.record(key)) is not None}
-                    await asyncio.wait_for(self.shared.seed(seeds), self._timeout * OFF_PATH)
+                    await self._reseed()
                 while self._backlog:
                     batch, _ = self._backlog[0]
                     await asyncio.wait_for(
@@ -287,6 +289,28 @@ class StateLayer:
                 self._up, self._slow = True, 0
                 self._metrics.store_up.set(1)
                 log.info("shared store back; backlog written")
+
+    async def _reseed(self) -> None:
+        """Seed the store that came back: with the records of the sessions written while it
+        was away, or — when it lost everything (its tenant secret is gone: a restart without
+        persistence) — with every record and owner this replica knows, and the secret, so a
+        replica started later finds the locks and agrees on tenants."""
+        assert self.shared is not None
+        wiped = False
+        if self._secret is not None and isinstance(self.shared, RedisStore):
+            _, wiped = await asyncio.wait_for(self.shared.shared_secret(self._secret),
+                                              self._timeout * OFF_PATH)
+        if wiped:
+            records, owners = self.local.everything()
+            log.warning("shared store came back empty: seeding %d sessions and %d owners",
+                        len(records), len(owners))
+        else:
+            records = {key: record for key in self._dirty
+                       if (record := self.local.record(key)) is not None}
+            owners = {}
+        batches = 1 + (len(records) + len(owners)) // 500
+        await asyncio.wait_for(self.shared.seed(records, owners),
+                               self._timeout * OFF_PATH * batches)
 
     async def _writer(self) -> None:
         """Sends what ``send`` queued, in order; off the request path, so it waits longer."""

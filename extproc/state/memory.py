@@ -70,10 +70,19 @@ class MemoryStore:
     async def apply(self, writes: Sequence[Write], now: float) -> Applied:
         return self.apply_now(writes, now)
 
-    async def seed(self, records: Mapping[str, SessionRecord]) -> None:
+    async def seed(
+        self, records: Mapping[str, SessionRecord], owners: Mapping[str, Owner] | None = None
+    ) -> None:
         for key, record in records.items():
             if key not in self._sessions:
                 self.put(key, record)
+        for key, owner in (owners or {}).items():
+            self._owners.setdefault(key, owner)
+
+    def everything(self) -> tuple[dict[str, SessionRecord], dict[str, Owner]]:
+        """Every live record and owner (to seed a shared store that lost them)."""
+        return ({k: r.copy() for k, r in list(self._sessions.items())},
+                dict(list(self._owners.items())))
 
     async def ping(self) -> None:
         return None

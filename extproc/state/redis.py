@@ -29,6 +29,7 @@ from .records import (
     Commit,
     Finish,
     Forget,
+    Owner,
     SessionRecord,
     Write,
     apply,
@@ -93,18 +94,23 @@ return conflicts
 
 
 _SEED = """
-local sp, ttl = ARGV[1], ARGV[2]
-local seeded = 0
+local sp, op, sttl, ottl = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local n = tonumber(ARGV[5])
 for i = 1, #KEYS do
-  local key = sp .. KEYS[i]
-  if redis.call('EXISTS', key) == 0 then
-    redis.call('HSET', key, 'v', '1', 'd', ARGV[2 + i])
-    redis.call('PEXPIRE', key, ttl)
-    seeded = seeded + 1
+  if i <= n then
+    local key = sp .. KEYS[i]
+    if redis.call('EXISTS', key) == 0 then
+      redis.call('HSET', key, 'v', '1', 'd', ARGV[5 + i])
+      redis.call('PEXPIRE', key, sttl)
+    end
+  else
+    redis.call('SET', op .. KEYS[i], ARGV[5 + i], 'NX', 'PX', ottl)
   end
 end
-return seeded
+return #KEYS
 """
+SEED_BATCH = 500
+"""Keys per seeding script: a long script would hold up every other client of the store."""
 
 
 class RedisStore:
@@ -214,20 +220,29 @@ class RedisStore:
             claims, forgets = [], []
         raise RuntimeError(f"compare-and-set kept losing on {list(sessions)}")
 
-    async def seed(self, records: Mapping[str, SessionRecord]) -> None:
-        if records:
-            args: list[Any] = [self._session_prefix, self._ttls[0],
-                               *(pack_record(r) for r in records.values())]
-            await self._redis.script(_SEED, list(records), args)
-            for key in records:
+    async def seed(
+        self, records: Mapping[str, SessionRecord], owners: Mapping[str, Owner] | None = None
+    ) -> None:
+        sessions = list(records.items())
+        claims = list((owners or {}).items())
+        while sessions or claims:
+            batch, sessions = sessions[:SEED_BATCH], sessions[SEED_BATCH:]
+            room = SEED_BATCH - len(batch)
+            more, claims = claims[:room], claims[room:]
+            args: list[Any] = [self._session_prefix, self._owner_prefix, *self._ttls, len(batch),
+                               *(pack_record(r) for _, r in batch),
+                               *(pack_owner(o) for _, o in more)]
+            await self._redis.script(_SEED, [k for k, _ in batch] + [k for k, _ in more], args)
+            for key, _ in batch:
                 self._known.pop(key, None)  # the next write reads what is there now
 
-    async def shared_secret(self, fresh: bytes) -> bytes:
-        """The secret every replica keys tenant hashes with: ``fresh`` if none is kept yet."""
+    async def shared_secret(self, fresh: bytes) -> tuple[bytes, bool]:
+        """The secret every replica keys tenant hashes with (``fresh`` if none is kept yet),
+        and whether it was missing: a store without it lost everything it held."""
         key = f"{self._session_prefix[: -len('s:')]}secret"
-        await self._redis.call("SET", key, fresh, "NX")
+        created = await self._redis.call("SET", key, fresh, "NX")
         kept = await self._redis.call("GET", key)
-        return kept if isinstance(kept, bytes) and kept else fresh
+        return (kept if isinstance(kept, bytes) and kept else fresh), created is not None
 
     async def ping(self) -> None:
         await self._redis.call("PING")

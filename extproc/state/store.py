@@ -48,8 +48,11 @@ class Store(Protocol):
 
     async def apply(self, writes: Sequence[Write], now: float) -> Applied: ...
 
-    async def seed(self, records: Mapping[str, SessionRecord]) -> None:
-        """Write these records where the store has none (after an outage that lost them)."""
+    async def seed(
+        self, records: Mapping[str, SessionRecord], owners: Mapping[str, Owner] | None = None
+    ) -> None:
+        """Write these records and owners where the store has none (after an outage that lost
+        them); what the store holds stays."""
         ...
 
     async def ping(self) -> None: ...

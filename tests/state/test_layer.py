@@ -222,3 +222,29 @@ async def test_slow_answers_in_a_row_mark_the_store_down(servers, prefix):
     await wait_for(lambda: state.up)  # the store answers again: back, backlog written
     assert (await layer(servers("redis")[1], prefix).load(Query("t/s"))).session.turns == 3
     await state.stop()
+
+
+async def test_a_store_back_empty_is_seeded_with_everything_a_replica_knows(restartable):
+    """Redis restarted without persistence lost every key, the tenant secret too: the replica
+    puts back the secret and every record and owner it knows, so a replica started later
+    agrees on tenants and finds locks learnt long before the outage."""
+    from extproc.config import parse_config
+    from tests.conftest import session_config_data
+
+    service, url = restartable
+    config = parse_config(session_config_data())
+    state = layer(url, "w")
+    secret = await state.tenant_secret(config)
+    state.start()
+    await state.apply([Commit(turn(1, session="t/old")), claim("call_old", "m2")])
+    service.stop(kill=True)
+    await state.apply([Commit(turn(2))])  # during the outage
+    service.start()
+    await wait_for(lambda: state.up)
+    later = layer(url, "w")
+    assert await later.tenant_secret(config) == secret
+    facts = await later.load(Query("t/old", (owner_key("t", "call_old"),)))
+    assert facts.session is not None and facts.owners[owner_key("t", "call_old")].model == "m2"
+    assert (await later.load(Query("t/s"))).session.turns == 1
+    await later.stop()
+    await state.stop()
