@@ -33,11 +33,12 @@ from ..core.saar import SaarEngine
 from ..core.selection import HybridSelector
 from ..errors import RoutingError
 from ..observability.replay import Record, SessionKey, session_key
+from ..observability.sessions import turn_cost
 from ..state.memory import MemoryStore
 from ..state.records import Claim, Commit, Finish, Owner, Turn, owner_key
 from ..state.store import Query
 from ..types import Action, Api, RequestSummary, SessionIdentity, Usage
-from .evaluation.backend import CACHE_TTL_SECONDS, turn_cost
+from .evaluation.backend import CACHE_TTL_SECONDS
 
 
 class RecordedSelector(HybridSelector):

@@ -7,19 +7,20 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..config import Model
+from ..types import Usage
 from .replay import Record
 
 TOKENS_PER_PRICE_UNIT = 1_000_000
 
 
-def turn_cost(model: Model, prompt: int, cached: int, completion: int) -> float:
+def turn_cost(model: Model, usage: Usage) -> float:
     """US dollars: uncached input at the prompt price, cached input at the cached price,
     output at the completion price."""
     price = model.pricing
     return (
-        (prompt - cached) * price.prompt
-        + cached * price.cached_input
-        + completion * price.completion
+        (usage.prompt_tokens - usage.cached_tokens) * price.prompt
+        + usage.cached_tokens * price.cached_input
+        + usage.completion_tokens * price.completion
     ) / TOKENS_PER_PRICE_UNIT
 
 
@@ -29,8 +30,8 @@ def record_cost(record: Record, models: Mapping[str, Model]) -> float | None:
     model = models.get(record.get("model", ""))
     if not usage or model is None:
         return None
-    return turn_cost(model, usage["prompt_tokens"], usage["cached_tokens"],
-                     usage["completion_tokens"])
+    return turn_cost(model, Usage(usage["prompt_tokens"], usage["completion_tokens"],
+                                  usage["cached_tokens"]))
 
 
 def summarize(records: Sequence[Record], models: Mapping[str, Model]) -> dict[str, Any]:
