@@ -200,6 +200,7 @@ class Router:
                 pinned = _issuer(owners, summary, decision.model)
             placement = self.pools.place(
                 prompt, decision.model, identity.key, subset, bound=bound, pinned=pinned,
+                identity=identity,
             )
         except RoutingError as exc:
             self.metrics.errors.labels(exc.code).inc()

@@ -49,10 +49,13 @@ class _Program:
 
 @dataclass(frozen=True, slots=True)
 class AdmissionTick:
-    """What one tick changed: the server wakes held requests of ``resumed`` sessions."""
+    """What one tick changed: the server wakes held requests of ``resumed`` sessions; KV hints
+    demote the ``paused`` (also those paused at their tool boundary since the last tick) and
+    release the ``forgotten`` (idle past the TTL, or pushed out by the bound)."""
 
     paused: tuple[str, ...] = ()
     resumed: tuple[str, ...] = ()
+    forgotten: tuple[str, ...] = ()
 
 
 class AdmissionController:
@@ -75,6 +78,10 @@ class AdmissionController:
         """New sessions held, in arrival order (key -> when first held)."""
         self._capacity: dict[str, int] = {}
         self._demoted: set[str] = set()
+        self._boundary: list[str] = []
+        """Programs paused at their tool boundary since the last tick."""
+        self._forgotten: list[str] = []
+        """Programs the bound pushed out since the last tick."""
 
     def turn_started(self, session_key: str | None, worker: str, prompt_tokens: int) -> None:
         """A turn was admitted to ``worker``: the program is REASONING and ACTIVE (admitting a
@@ -113,10 +120,11 @@ class AdmissionController:
         )
         if program.pause_at_boundary:
             program.pause_at_boundary, program.paused_at = False, now
+            self._boundary.append(session_key)
 
     def _bound(self) -> None:
         while len(self._programs) > self._max:
-            self._programs.popitem(last=False)
+            self._forgotten.append(self._programs.popitem(last=False)[0])
 
     def release(self, session_key: str | None) -> None:
         """The session ended (``x-dynamo-session-final``): forget it."""
@@ -143,10 +151,16 @@ class AdmissionController:
         return False
 
     def preferred_worker(self, session_key: str | None) -> str | None:
-        """The worker a held new session was admitted to, until its first turn starts (the
-        scheduler puts it first; None: no preference)."""
+        """Where a woken program's next turn goes first (the scheduler's ``prefer``; None: no
+        preference), until that turn starts: a held new session's admitted worker, a resumed
+        program's own worker. Admission resumed it because that worker has room, its KV is
+        there (demoted to host memory and prefetched back, with KV hints), and the prefix
+        index may have forgotten it after a long pause: without this the load scorers move
+        the turn to a worker that prefills its whole context again."""
         program = None if session_key is None else self._programs.get(session_key)
-        return None if program is None else program.target
+        if program is None:
+            return None
+        return program.target or (program.worker if program.resumed else None)
 
     def priority(self, session_key: str | None) -> float:
         """Seconds to move this session's next request up (+) or down (-) a wait queue."""
@@ -194,7 +208,8 @@ class AdmissionController:
         if not self.config.enabled:
             return AdmissionTick()
         now = self._clock()
-        self._drop_idle(now)
+        forgotten = [*self._forgotten, *self._drop_idle(now)]
+        self._forgotten = []
         by_worker: dict[str, list[_Program]] = defaultdict(list)
         for program in self._programs.values():
             by_worker[program.worker].append(program)
@@ -206,7 +221,7 @@ class AdmissionController:
         limit = self.config.pause_threshold - self.config.hysteresis
         below = limit - self.config.admit_threshold
         for worker in workers:
-            capacity = worker.capacity_tokens
+            capacity = self._capacity_of(worker)
             if not capacity:
                 continue
             self._capacity[worker.address] = capacity
@@ -228,8 +243,10 @@ class AdmissionController:
         if len(back) == len(waiting):
             line = {w: r - below * self._capacity[w] for w, r in room.items()}
             resumed += self._admit_arrivals(line, now)
-        keys = tuple(p.key for p in resumed)
-        return AdmissionTick(tuple(p.key for p in paused), keys)
+        boundary, self._boundary = self._boundary, []
+        still = [k for k in boundary if k in self._programs and self.is_paused(k)]
+        return AdmissionTick((*still, *(p.key for p in paused)), tuple(p.key for p in resumed),
+                             tuple(forgotten))
 
     def _pause(
         self, programs: list[_Program], used: float, capacity: int, now: float
@@ -288,19 +305,29 @@ class AdmissionController:
         return [self._wake(p) for p in programs
                 if p.paused_at is not None and now - p.paused_at >= cap]
 
-    def _drop_idle(self, now: float) -> None:
+    def _drop_idle(self, now: float) -> list[str]:
         """Forget programs idle for the TTL, and admissions whose first turn never came within
-        ``hold_timeout_seconds`` (the client gave up)."""
+        ``hold_timeout_seconds`` (the client gave up); returns their keys."""
         lapse = self.config.hold_timeout_seconds
         idle = [k for k, p in self._programs.items()
                 if now - p.last_seen > (self._ttl if p.started else lapse)]
         for key in idle:
             del self._programs[key]
+        return idle
 
     @staticmethod
     def _wake(program: _Program) -> _Program:
         program.paused_at, program.resumed = None, True
         return program
+
+    def _capacity_of(self, worker: Worker) -> int | None:
+        """The KV U is measured against: the device pool, plus ``host_weight`` of the host
+        tier (a session whose KV waits there between turns comes back at the cost of a copy,
+        not a prefill, so the device alone overstates the pressure)."""
+        device = worker.capacity_tokens
+        if not device or not worker.cpu_blocks:
+            return device
+        return device + int(self.config.host_weight * worker.cpu_blocks * worker.block_size)
 
     def _weight(self, program: _Program) -> float:
         return program.tokens * (1.0 if program.reasoning else self.config.acting_weight)

@@ -25,7 +25,7 @@ class DynamoCost:
             tokens - previous
         )
 
-    def cost(self, request: SchedulingRequest, worker: Worker, matched_blocks: int) -> float:
+    def cost(self, request: SchedulingRequest, worker: Worker, matched_blocks: float) -> float:
         blocks = len(request.prompt_blocks)
         cached = matched_blocks / blocks if blocks else 0.0
         prefill = request.prompt_tokens * (1.0 - cached)

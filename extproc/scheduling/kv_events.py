@@ -10,13 +10,22 @@ version does not send are optional, later ones are ignored, and the map form som
 The index never trusts the engine's block hashes for matching (they depend on vLLM's hash
 function and seed): it recomputes its own chained hash from each event's ``token_ids`` and keeps,
 per worker, engine hash → own hash so that ``BlockRemoved`` (engine hashes only) can be applied.
+
+Memory tiers: each event's ``medium`` puts its blocks on the worker's device (``GPU``, or none
+given), in host memory (``CPU``: vLLM's offloading connector, LMCache) or on disk. Offloading
+connectors report a block moved below with its engine hash and no token ids; the index knows
+its own hash from when the device stored it. A shared pool (Mooncake Store, ``shared_pool``)
+holds blocks any worker can load. Per worker a request's overlap is the device prefix depth D,
+the host-memory and disk depth beyond it, and the shared pool's hits beyond D only, so a device
+hit is never counted twice; the index weighs them into device-equivalent blocks
+(``TierWeights``: Dynamo credits a host hit 0.75 and a disk hit 0.25 of a device hit).
 """
 
 from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -32,6 +41,19 @@ EngineHash = int | bytes
 """vLLM's block hash: an int in older releases, a digest (bytes) in newer ones."""
 
 GPU = "GPU"
+DEVICE, CPU, DISK = "device", "cpu", "disk"
+"""The index's tiers, as ``scheduling.prefix.tier_weights`` names them."""
+_TIER_OF_MEDIUM = {"gpu": DEVICE, "cuda": DEVICE, "device": DEVICE, "hbm": DEVICE,
+                   "cpu": CPU, "cpu_pinned": CPU, "host": CPU, "dram": CPU,
+                   "disk": DISK, "ssd": DISK, "nvme": DISK, "local_disk": DISK}
+_BIT = {DEVICE: 1, CPU: 2, DISK: 4}
+
+
+def tier_of(medium: str | None) -> str | None:
+    """The tier an event's ``medium`` names (none: the device); None for a medium the index
+    does not keep (an engine's own view of external storage: the shared pool has its own
+    feed)."""
+    return DEVICE if medium is None else _TIER_OF_MEDIUM.get(medium.lower())
 
 
 class KVEventDecodeError(ValueError):
@@ -230,43 +252,89 @@ def _packer(block_size: int) -> struct.Struct:
 # -- the index -------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class TierWeights:
+    """What a block found in each tier is worth, in device blocks (host memory and disk cost a
+    copy to the device instead of a prefill; the shared pool a network transfer)."""
+
+    device: float = 1.0
+    cpu: float = 0.75
+    disk: float = 0.25
+    shared: float = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class TierOverlap:
+    """Where a request's prefix is on one worker, in blocks: ``device`` = D, the device prefix
+    depth; ``cpu`` and ``disk`` the depth beyond it that host memory and then disk continue;
+    ``shared`` the shared pool's hits in ``[D, request blocks)``."""
+
+    device: int = 0
+    cpu: int = 0
+    disk: int = 0
+    shared: int = 0
+    weighted: float = 0.0
+    """Device-equivalent blocks: each block counted once, at its best tier's weight."""
+
+
 @dataclass(slots=True)
 class _WorkerView:
     engine: dict[EngineHash, int] = field(default_factory=dict)
-    """Engine hash → own hash, oldest first (for the memory bound)."""
-    held: dict[int, int] = field(default_factory=dict)
-    """Own hash → how many engine blocks carry it (vLLM may mix a cache salt into its hash,
-    so equal tokens can come as distinct engine blocks)."""
+    """Engine hash → own hash, oldest first (for the memory bound), while any tier holds it."""
+    tiers: dict[EngineHash, int] = field(default_factory=dict)
+    """Engine hash → the tiers holding it (bits of ``_BIT``)."""
+    held: dict[str, dict[int, int]] = field(
+        default_factory=lambda: {DEVICE: {}, CPU: {}, DISK: {}})
+    """Per tier, own hash → how many engine blocks carry it there (vLLM may mix a cache salt
+    into its hash, so equal tokens can come as distinct engine blocks)."""
     last_seq: int | None = None
     stale: bool = False
 
     def clear(self) -> None:
         self.engine.clear()
-        self.held.clear()
+        self.tiers.clear()
+        for held in self.held.values():
+            held.clear()
 
-    def add(self, engine_hash: EngineHash, own: int) -> None:
-        self.drop(engine_hash)
+    def add(self, engine_hash: EngineHash, own: int, tier: str) -> None:
+        if self.engine.get(engine_hash, own) != own:
+            self.drop(engine_hash)
         self.engine[engine_hash] = own
-        self.held[own] = self.held.get(own, 0) + 1
+        bits = self.tiers.get(engine_hash, 0)
+        if not bits & _BIT[tier]:
+            self.tiers[engine_hash] = bits | _BIT[tier]
+            held = self.held[tier]
+            held[own] = held.get(own, 0) + 1
 
-    def drop(self, engine_hash: EngineHash) -> None:
-        own = self.engine.pop(engine_hash, None)
-        if own is None:
-            return
-        if self.held[own] > 1:
-            self.held[own] -= 1
+    def drop(self, engine_hash: EngineHash, tier: str | None = None) -> None:
+        """Drop the block from ``tier`` (None: from every tier)."""
+        bits = self.tiers.get(engine_hash, 0)
+        for name, bit in _BIT.items():
+            if bits & bit and (tier is None or tier == name):
+                bits &= ~bit
+                held, own = self.held[name], self.engine[engine_hash]
+                if held[own] > 1:
+                    held[own] -= 1
+                else:
+                    del held[own]
+        if bits:
+            self.tiers[engine_hash] = bits
         else:
-            del self.held[own]
+            self.tiers.pop(engine_hash, None)
+            self.engine.pop(engine_hash, None)
 
 
 class PreciseKVIndex:
-    """``PrefixIndex`` fed by the servers' KV events: a block counts only while its worker
-    reports it stored on GPU.
+    """``PrefixIndex`` fed by the servers' KV events: a block counts while its worker reports
+    it stored, on the device at full weight, in host memory or on disk at its tier's weight
+    (``matched_blocks``; ``overlap`` tells the tiers apart), and in the shared pool for every
+    worker beyond its device prefix.
 
     Request blocks must be hashed with ``hash_tokens`` (same block size and model seed). Blocks
-    of another block size, of a LoRA adapter, or whose parent is unknown (missed events) are
-    skipped and counted in ``skipped_blocks``: they cannot match a request hashed here, and
-    under-reporting a match is safer than inventing one.
+    of another block size, of a LoRA adapter, whose parent is unknown (missed events), or moved
+    below without token ids before the index knew them are skipped and counted in
+    ``skipped_blocks``: they cannot match a request hashed here, and under-reporting a match is
+    safer than inventing one.
     """
 
     def __init__(
@@ -275,13 +343,20 @@ class PreciseKVIndex:
         block_size: int = 16,
         model: str | None = None,
         max_blocks_per_worker: int = 65536,
+        weights: TierWeights | None = None,
     ) -> None:
         if block_size < 1 or max_blocks_per_worker < 1:
             raise ValueError("block_size and max_blocks_per_worker must be positive")
         self.block_size = block_size
         self.max_blocks_per_worker = max_blocks_per_worker
+        self.weights = weights or TierWeights()
         self._root = _root(model)
         self._views: dict[str, _WorkerView] = {}
+        self.shared: Mapping[int, object] = {}
+        """The shared pool's blocks (own hashes), when a pool is attached (``SharedKVPool``)."""
+        self.listeners: list[Callable[[str, str, Sequence[int], bool], None]] = []
+        """Told ``(worker, tier, own hashes, stored)`` of every change applied (the
+        session-prefix index follows where blocks sit)."""
         self.gaps = 0
         """Sequence gaps seen (each reset a worker's view and marked it stale)."""
         self.skipped_blocks = 0
@@ -290,23 +365,61 @@ class PreciseKVIndex:
         """The request-side block hashes that ``matched_blocks`` compares."""
         return tuple(_chain(self._root, token_ids, self.block_size))
 
-    def matched_blocks(self, worker: str, blocks: Sequence[int]) -> int:
+    def extend_hash(self, parent: int, token_ids: Sequence[int]) -> list[int]:
+        """Own hashes of the full blocks of ``token_ids`` after the block hashed ``parent``."""
+        return _chain(parent, token_ids, self.block_size)
+
+    def own_hash(self, engine_hash: EngineHash) -> int | None:
+        """The index's hash of a block some worker reported under ``engine_hash``."""
+        for view in self._views.values():
+            own = view.engine.get(engine_hash)
+            if own is not None:
+                return own
+        return None
+
+    def matched_blocks(self, worker: str, blocks: Sequence[int]) -> float:
+        """The request's overlap with ``worker`` in device-equivalent blocks (``overlap``)."""
+        return self.overlap(worker, blocks).weighted
+
+    def overlap(self, worker: str, blocks: Sequence[int]) -> TierOverlap:
         view = self._views.get(worker)
-        if view is None:
-            return 0
-        matched = 0
-        for block in blocks:
-            if block not in view.held:
-                break
-            matched += 1
-        return matched
+        held = {DEVICE: {}, CPU: {}, DISK: {}} if view is None else view.held
+        device, cpu, disk = held[DEVICE], held[CPU], held[DISK]
+        total = len(blocks)
+        depth = 0
+        while depth < total and blocks[depth] in device:
+            depth += 1
+        if not (cpu or disk or self.shared):
+            return TierOverlap(depth, weighted=float(depth))
+        host = depth
+        while host < total and (blocks[host] in cpu or blocks[host] in device):
+            host += 1
+        local = host
+        while local < total and (blocks[local] in disk or blocks[local] in cpu
+                                 or blocks[local] in device):
+            local += 1
+        w = self.weights
+        pool = self.shared
+        weighted = w.device * depth
+        shared = 0
+        for at in range(depth, total):
+            in_pool = blocks[at] in pool
+            shared += in_pool
+            tier = w.cpu if at < host else w.disk if at < local else 0.0
+            weighted += max(tier, w.shared if in_pool else 0.0)
+        return TierOverlap(depth, host - depth, local - host, shared, weighted)
 
     def routed(self, worker: str, blocks: Sequence[int], extends: int = 0) -> None:
         """Routing teaches nothing here: only the worker's events do."""
 
-    def block_count(self, worker: str) -> int:
+    def block_count(self, worker: str, tier: str | None = None) -> int:
+        """Blocks ``worker`` reports (in ``tier``; None: in any)."""
         view = self._views.get(worker)
-        return 0 if view is None else len(view.engine)
+        if view is None:
+            return 0
+        if tier is None:
+            return len(view.engine)
+        return sum(1 for bits in view.tiers.values() if bits & _BIT[tier])
 
     def last_seq(self, worker: str) -> int | None:
         view = self._views.get(worker)
@@ -339,36 +452,66 @@ class PreciseKVIndex:
                 view.clear()
                 view.stale = True
             view.last_seq = seq
-        self._apply_events(view, batch.events)
+        self._apply_events(worker, view, batch.events)
         while len(view.engine) > self.max_blocks_per_worker:
-            view.drop(next(iter(view.engine)))
+            self._drop(worker, view, next(iter(view.engine)), None)
 
-    def _apply_events(self, view: _WorkerView, events: Iterable[KVEvent]) -> None:
+    def _apply_events(self, worker: str, view: _WorkerView, events: Iterable[KVEvent]) -> None:
         for event in events:
             match event:
-                case BlockStored() if event.medium in (None, GPU):
-                    self._store(view, event)
-                case BlockRemoved() if event.medium in (None, GPU):
-                    for engine_hash in event.block_hashes:
-                        view.drop(engine_hash)
+                case BlockStored():
+                    tier = tier_of(event.medium)
+                    if tier is None:
+                        self.skipped_blocks += len(event.block_hashes)
+                    else:
+                        self._store(worker, view, event, tier)
+                case BlockRemoved():
+                    tier = tier_of(event.medium)
+                    for engine_hash in event.block_hashes if tier is not None else ():
+                        self._drop(worker, view, engine_hash, tier)
                 case AllBlocksCleared():
+                    for tier, held in view.held.items():
+                        self._tell(worker, tier, list(held), False)
                     view.clear()
                     view.stale = False
 
-    def _store(self, view: _WorkerView, event: BlockStored) -> None:
+    def _store(self, worker: str, view: _WorkerView, event: BlockStored, tier: str) -> None:
+        count = len(event.block_hashes)
+        if event.lora_id is not None or event.block_size != self.block_size:
+            self.skipped_blocks += count
+            return
+        if not event.token_ids:  # moved between tiers: known by its engine hash
+            known = [(e, view.engine.get(e)) for e in event.block_hashes]
+            own = [o for _, o in known if o is not None]
+            self.skipped_blocks += count - len(own)
+            for engine_hash, own_hash in known:
+                if own_hash is not None:
+                    view.add(engine_hash, own_hash, tier)
+            self._tell(worker, tier, own, True)
+            return
         if event.parent_block_hash is None:
             parent: int | None = self._root
         else:
             parent = view.engine.get(event.parent_block_hash)
-        count = len(event.block_hashes)
-        if (
-            parent is None
-            or event.lora_id is not None
-            or event.block_size != self.block_size
-            or len(event.token_ids) != count * self.block_size
-        ):
+        if parent is None or len(event.token_ids) != count * self.block_size:
             self.skipped_blocks += count
             return
         own = _chain(parent, event.token_ids, self.block_size)
         for engine_hash, own_hash in zip(event.block_hashes, own, strict=True):
-            view.add(engine_hash, own_hash)
+            view.add(engine_hash, own_hash, tier)
+        self._tell(worker, tier, own, True)
+
+    def _drop(self, worker: str, view: _WorkerView, engine_hash: EngineHash,
+              tier: str | None) -> None:
+        own, bits = view.engine.get(engine_hash), view.tiers.get(engine_hash, 0)
+        if own is None:
+            return
+        view.drop(engine_hash, tier)
+        for name, bit in _BIT.items():
+            if bits & bit and (tier is None or tier == name) and own not in view.held[name]:
+                self._tell(worker, name, [own], False)
+
+    def _tell(self, worker: str, tier: str, own: Sequence[int], stored: bool) -> None:
+        if own:
+            for listener in self.listeners:
+                listener(worker, tier, own, stored)

@@ -5,21 +5,28 @@ simulators alike: the worker registry (load signals), the prefix index (approxim
 routing; or precise, from the servers' KV events), the scheduler (filters, weighted scorers,
 picker) and session-aware admission. A ``Prompt`` is one request's rendered prompt, hashed into
 blocks at most once per model and only when something asks.
+
+With ``scheduling.hints.enabled`` it also turns placements, tool boundaries, admission's ticks
+and sessions' ends into KV hints for the engines (``kv_hints``), queued in ``hints_out`` for the
+service to deliver, and keeps the session-prefix index (``session_prefix``) that tells a
+session's own blocks from the prefix it shares with others.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..apis import render_prompt
 from ..config import Config
 from ..errors import ModelUnavailable, RateLimited
-from ..types import Clock, RequestSummary
+from ..types import Clock, RequestSummary, SessionIdentity
 from . import (
     AdmissionController,
+    AdmissionTick,
     ApproximatePrefixIndex,
     ScheduleResult,
     SchedulingRequest,
@@ -27,8 +34,11 @@ from . import (
     WorkerRegistry,
     from_config,
 )
-from .kv_events import PreciseKVIndex
+from .kv_events import PreciseKVIndex, TierWeights
+from .kv_hints import KvHint, KvHintEmitter
 from .memo import BlockMemo
+from .session_prefix import SessionPrefixIndex
+from .shared_pool import SharedKVPool
 
 if TYPE_CHECKING:
     from .tokenizer import Tokenizer
@@ -47,7 +57,7 @@ class Prompt:
     _text: str | None = None
     _blocks: dict[str, tuple[Sequence[int], int]] = field(default_factory=dict)
     """model → (block hashes, how many lead with the session's previous prompt's)."""
-    _matched: dict[str, dict[str, int]] = field(default_factory=dict)
+    _matched: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def text(self) -> str:
@@ -63,6 +73,8 @@ class Placement:
     workers: tuple[str, ...]
     result: ScheduleResult | None = None
     blocks: Sequence[int] = ()
+    final: bool = False
+    """The session's last request (``x-dynamo-session-final``): it ends when this one does."""
 
     @property
     def worker(self) -> str | None:
@@ -84,7 +96,9 @@ class Pools:
             from .tokenizer import Tokenizer  # the tokenizers library only when precise
 
             self.tokenizer = Tokenizer(prefix.tokenizer)
-            self.index = PreciseKVIndex(block_size=PRECISE_BLOCK_SIZE)
+            weights = prefix.tier_weights
+            self.index = PreciseKVIndex(block_size=PRECISE_BLOCK_SIZE, weights=TierWeights(
+                weights.device, weights.cpu, weights.disk, weights.shared))
             self.tokens_per_block = PRECISE_BLOCK_SIZE
         else:
             self.index = ApproximatePrefixIndex.from_config(prefix)
@@ -98,6 +112,25 @@ class Pools:
             scheduling, index=self.index, rng=rng or random.Random(),
             max_sessions=config.memory.max_sessions, prefer=self.admission.preferred_worker,
         )
+        self.shared_pool: SharedKVPool | None = None
+        if isinstance(self.index, PreciseKVIndex) and prefix.shared_pool.endpoint:
+            self.shared_pool = SharedKVPool(
+                self.index, objects_per_block=prefix.shared_pool.objects_per_block)
+        hints = scheduling.hints
+        self.hints: KvHintEmitter | None = None
+        self.sessions: SessionPrefixIndex | None = None
+        self.hints_out: deque[KvHint] = deque(maxlen=hints.max_pending)
+        """Hints made and not yet delivered, oldest first (the oldest dropped past the bound,
+        counted in ``hints_dropped``)."""
+        self.hints_dropped = 0
+        if hints.enabled:
+            self.hints = KvHintEmitter(
+                min_share_tokens=hints.min_share_tokens, clock=clock,
+                max_sessions=config.memory.max_sessions,
+                ttl_seconds=config.memory.session_ttl_seconds)
+            self.sessions = SessionPrefixIndex(max_sessions=config.memory.max_sessions)
+            if isinstance(self.index, PreciseKVIndex):
+                self.index.listeners.append(self.sessions.located)
         self._models = tuple(config.models)
         self.required = scheduling.pool_name is not None
         """An endpoint picker always sends a pick (the Endpoint Picker Protocol), also from a
@@ -117,8 +150,9 @@ class Pools:
             prompt._blocks[model] = found
         return found
 
-    def matched(self, prompt: Prompt, model: str, pool: Sequence[Worker]) -> dict[str, int]:
-        """Blocks of the prompt each worker of ``pool`` holds, measured once per model."""
+    def matched(self, prompt: Prompt, model: str, pool: Sequence[Worker]) -> dict[str, float]:
+        """Blocks of the prompt each worker of ``pool`` holds (device-equivalent, lower tiers
+        weighted), measured once per model."""
         found = prompt._matched.get(model)
         if found is None:
             blocks = self.blocks(prompt, model)
@@ -127,12 +161,13 @@ class Pools:
         return found
 
     def cached_tokens(self, prompt: Prompt, model: str) -> int | None:
-        """Tokens of this prompt already cached on ``model``'s best worker (None: no pool
-        to measure, e.g. scheduling off or a model with a single unscored worker)."""
+        """Tokens of this prompt already cached on ``model``'s best worker, lower tiers
+        weighted as placement weighs them (None: no pool to measure, e.g. scheduling off or a
+        model with a single unscored worker)."""
         pool = self._scored_pool(model)
         if not pool:
             return None
-        return max(self.matched(prompt, model, pool).values()) * self.tokens_per_block
+        return int(max(self.matched(prompt, model, pool).values()) * self.tokens_per_block)
 
     def place(
         self,
@@ -143,18 +178,24 @@ class Pools:
         *,
         bound: str | None = None,
         pinned: str | None = None,
+        identity: SessionIdentity | None = None,
     ) -> Placement:
         """Score ``model``'s workers; 503 when none is eligible, 429 when all are overloaded.
         ``bound`` is the session's worker (affinity), ``pinned`` a hard lock's worker, first
-        while eligible. A single-worker pool with no subset hint is left to Envoy (nothing to
-        choose), unless this process is an endpoint picker (``required``)."""
+        while eligible; ``identity`` names the session's parent (a sub-agent goes where its
+        parent is) and its id on the wire (KV hints). A single-worker pool with no subset hint
+        is left to Envoy (nothing to choose), unless this process is an endpoint picker
+        (``required``)."""
         pool = self.registry.pool(model)
         if not self.enabled or (len(pool) <= 1 and subset is None and not self.required):
             return Placement(())
         blocks, reused = self._hashed(prompt, model)
+        parent = None
+        if identity is not None and identity.parent_session_id is not None:
+            parent = SessionIdentity(identity.tenant, identity.parent_session_id).key
         request = SchedulingRequest(
             model, session_key, blocks, prompt.request.context_tokens,
-            subset, bound, pinned, reused, prompt._matched.get(model),
+            subset, bound, pinned, reused, prompt._matched.get(model), parent,
         )
         result = self.scheduler.schedule(request, pool)
         if result.shed:
@@ -167,7 +208,16 @@ class Pools:
                 + (" in the proxy's subset hint" if subset is not None else ""),
                 retry_after=1,
             )
-        return Placement(result.ordered, result, request.prompt_blocks)
+        final = identity is not None and identity.final
+        if self.hints is not None and self.sessions is not None and session_key is not None:
+            worker = result.ordered[0]
+            self.sessions.placed(session_key, blocks, worker, parent=parent)
+            matched = result.matched_blocks.get(worker, 0.0) * self.tokens_per_block
+            self._queue(self.hints.routed(
+                session_key, worker, matched_tokens=int(matched),
+                prompt_tokens=prompt.request.context_tokens, parent=parent,
+                name=None if identity is None else identity.session_id))
+        return Placement(result.ordered, result, request.prompt_blocks, final)
 
     def started(self, placement: Placement, session_key: str | None, tokens: int) -> None:
         if placement.worker is None:
@@ -195,6 +245,42 @@ class Pools:
         self.admission.turn_finished(
             session_key, placement.worker, prompt_tokens, completion_tokens
         )
+        if self.hints is not None:
+            paused = self.admission.is_paused(session_key)
+            self._queue(self.hints.turn_finished(session_key, paused=paused))
+            if placement.final:
+                self._ended(session_key)
+
+    def tick(self, workers: Sequence[Worker]) -> AdmissionTick:
+        """One admission step; its pauses, resumes and forgotten sessions become KV hints."""
+        tick = self.admission.tick(workers)
+        if self.hints is not None and self.sessions is not None:
+            for key in tick.paused:
+                self.sessions.paused(key)
+            for key in tick.resumed:
+                self.sessions.resumed(key)
+            self._queue(self.hints.ticked(
+                AdmissionTick(tick.paused, tick.resumed)))
+            for key in tick.forgotten:
+                self._ended(key)
+        return tick
+
+    def _queue(self, hints: Iterable[KvHint]) -> None:
+        for hint in hints:
+            self.hints_dropped += len(self.hints_out) == self.hints_out.maxlen
+            self.hints_out.append(hint)
+
+    def _ended(self, session_key: str | None) -> None:
+        """The session is over: release its blocks past the prefix it shares with open
+        sessions (a sub-agent's parent resends that context), measured by the session-prefix
+        index rather than assumed."""
+        assert self.hints is not None and self.sessions is not None
+        if session_key is None:
+            return
+        keep = self.sessions.shared(session_key) * self.tokens_per_block
+        self.sessions.finished(session_key)
+        self._queue(
+            KvHint(h.kind, h.session, h.worker, keep) for h in self.hints.ended(session_key))
 
     def scrape_targets(self) -> dict[str, str]:
         """address → metrics URL of the workers whose load matters: those scored (pools of more

@@ -49,11 +49,14 @@ class Scheduler:
         max_waiting: int = 0,
         timer: Callable[[], float] = time.perf_counter,
         prefer: Callable[[str | None], str | None] | None = None,
+        placed: Callable[[str | None], str | None] | None = None,
     ) -> None:
         """``cost`` switches to Dynamo's cost form (scorers then unused); ``max_waiting`` > 0
         sheds a request when every candidate has more waiting requests than that; ``prefer``
         names a session's worker that goes first if eligible (admission reserved room there);
-        a request's ``pinned`` worker (a hard lock) goes first before that."""
+        a request's ``pinned`` worker (a hard lock) goes first before that. ``placed`` tells
+        where a live session was placed: a sub-agent's first turn (no worker of its own yet)
+        goes first to its parent's, whose context it starts from."""
         self.scorers = tuple(scorers)
         self.picker = picker
         self.filters = tuple(filters)
@@ -63,6 +66,7 @@ class Scheduler:
         self.max_waiting = max_waiting
         self._timer = timer
         self._prefer = prefer
+        self._placed = placed
 
     def schedule(self, request: SchedulingRequest, workers: Sequence[Worker]) -> ScheduleResult:
         run = _Run(self._timer)
@@ -75,7 +79,7 @@ class Scheduler:
             return ScheduleResult(
                 (), durations=run.durations, failed=tuple(run.failed), shed=bool(candidates)
             )
-        no_match: dict[str, int] = {}
+        no_match: dict[str, float] = {}
         matched = run("prefix_index", no_match, self._matched, request, candidates)
         request = replace(request, matched=matched)  # what every scorer reads
         scores: dict[str, dict[str, float]] = {}
@@ -95,6 +99,9 @@ class Scheduler:
         preferred = request.pinned
         if preferred not in totals and self._prefer is not None:
             preferred = self._prefer(request.session_key)
+        if (preferred not in totals and request.bound_worker is None
+                and request.parent_session is not None and self._placed is not None):
+            preferred = self._placed(request.parent_session)
         if preferred in totals:
             ordered = (preferred, *(a for a in ordered if a != preferred))
         run("prefix_index.routed", None, self.index.routed, ordered[0], request.prompt_blocks,
@@ -110,7 +117,9 @@ class Scheduler:
             failed=tuple(run.failed),
         )
 
-    def _matched(self, request: SchedulingRequest, workers: Sequence[Worker]) -> dict[str, int]:
+    def _matched(
+        self, request: SchedulingRequest, workers: Sequence[Worker]
+    ) -> dict[str, float]:
         """The caller's measurements where it made them, the index's for the rest."""
         known = request.matched or {}
         blocks = request.prompt_blocks
@@ -176,6 +185,7 @@ def from_config(
         max_waiting=config.max_waiting_per_worker,
         timer=timer,
         prefer=prefer,
+        placed=sessions.worker if id(sessions) in used else None,
     )
 
 

@@ -6,7 +6,10 @@ session to the workers that happen to hold the shared system prompt, so without 
 sessions pile onto a few workers and admission has to pause them while the rest idle.
 
 Only sessions the router has not placed yet are spread: a continuing session scores 1.0
-everywhere, its placement is the prefix and affinity scorers' call (its cache is there).
+everywhere, its placement is the prefix and affinity scorers' call (its cache is there). So does
+a sub-agent whose parent is placed: it starts from the parent's context, so spreading it away
+from the parent's worker re-prefills that context elsewhere (the scheduler binds its first turn
+to the parent's worker, ``worker``).
 """
 
 from __future__ import annotations
@@ -59,9 +62,10 @@ class ActiveSessionsScorer:
 
     def score(self, request: SchedulingRequest, workers: Sequence[Worker]) -> dict[str, float]:
         self._expire()
-        placed = None if request.session_key is None else self._sessions.get(request.session_key)
-        if placed is not None and any(w.address == placed.worker for w in workers):
-            return {w.address: 1.0 for w in workers}
+        for key in (request.session_key, request.parent_session):
+            placed = None if key is None else self._sessions.get(key)
+            if placed is not None and any(w.address == placed.worker for w in workers):
+                return {w.address: 1.0 for w in workers}
         loads = {w.address: self._load.get(w.address, 0) for w in workers}
         if not loads:
             return {}
@@ -69,6 +73,12 @@ class ActiveSessionsScorer:
         if high == low:
             return dict.fromkeys(loads, 1.0)
         return {address: (high - x) / (high - low) for address, x in loads.items()}
+
+    def worker(self, session_key: str | None) -> str | None:
+        """Where the live session ``session_key`` was last placed."""
+        self._expire()
+        placed = None if session_key is None else self._sessions.get(session_key)
+        return None if placed is None else placed.worker
 
     def picked(self, request: SchedulingRequest, address: str) -> None:
         key = request.session_key

@@ -29,6 +29,7 @@ class Signals:
     """Fraction of the KV cache in use by running requests, 0..1."""
     block_size: int | None = None
     num_blocks: int | None = None
+    cpu_blocks: int | None = None
 
 
 def parse_metrics(text: str) -> Signals:
@@ -37,7 +38,7 @@ def parse_metrics(text: str) -> Signals:
     wanted = "\n".join(line for line in text.splitlines() if line.startswith(_NAMES))
     running = waiting = 0.0
     kv_usage: float | None = None
-    block_size = num_blocks = None
+    block_size = num_blocks = cpu_blocks = None
     seen: set[str] = set()
     for family in text_string_to_metric_families(wanted):
         for sample in family.samples:
@@ -52,6 +53,7 @@ def parse_metrics(text: str) -> Signals:
             elif name == _VLLM_CACHE_CONFIG:
                 block_size = _int_label(sample.labels, "block_size")
                 num_blocks = _int_label(sample.labels, "num_gpu_blocks")
+                cpu_blocks = _int_label(sample.labels, "num_cpu_blocks")
             elif name == _SGLANG_CAPACITY:
                 block_size, num_blocks = 1, int(value)
     return Signals(
@@ -60,6 +62,7 @@ def parse_metrics(text: str) -> Signals:
         kv_usage=None if kv_usage is None else min(max(kv_usage, 0.0), 1.0),
         block_size=block_size,
         num_blocks=num_blocks,
+        cpu_blocks=cpu_blocks or None,
     )
 
 

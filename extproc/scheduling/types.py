@@ -26,6 +26,8 @@ class Worker:
     block_size: int = 16
     num_blocks: int | None = None
     """KV capacity in blocks as the server reports it (``vllm:cache_config_info``)."""
+    cpu_blocks: int | None = None
+    """Host-memory KV tier in blocks, when the server reports one (``num_cpu_blocks``)."""
     in_flight: int = 0
     scraped_at: float | None = None
     stale: bool = False
@@ -55,9 +57,13 @@ class SchedulingRequest:
     reused: int = 0
     """Leading blocks identical to the session's previous prompt (the index extends its
     chain instead of counting them again)."""
-    matched: Mapping[str, int] | None = None
-    """Prefix blocks each worker already holds, when the caller has measured them: computed
-    once per request and read by every scorer (the scheduler measures what is missing)."""
+    matched: Mapping[str, float] | None = None
+    """Prefix blocks each worker already holds (device-equivalent: lower tiers weighted), when
+    the caller has measured them: computed once per request and read by every scorer (the
+    scheduler measures what is missing)."""
+    parent_session: str | None = None
+    """A sub-agent's parent session key: the child starts from its parent's context, so its
+    first turn goes where the parent is."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +74,9 @@ class ScheduleResult:
     scores: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     """scorer name → address → score in [0, 1]."""
     total: Mapping[str, float] = field(default_factory=dict)
-    matched_blocks: Mapping[str, int] = field(default_factory=dict)
-    """Prefix blocks of this request already cached on each worker (from the prefix index)."""
+    matched_blocks: Mapping[str, float] = field(default_factory=dict)
+    """Prefix blocks of this request already cached on each worker (from the prefix index;
+    device-equivalent, lower tiers weighted)."""
     durations: Mapping[str, float] = field(default_factory=dict)
     """plugin name → seconds it took, for the metrics."""
     failed: tuple[str, ...] = ()
@@ -110,8 +117,9 @@ class PrefixIndex(Protocol):
     """Which prompt blocks each worker holds: approximate (learnt from routing) or precise
     (from the servers' KV events)."""
 
-    def matched_blocks(self, worker: str, blocks: Sequence[int]) -> int:
-        """Length of the longest prefix of ``blocks`` that ``worker`` holds."""
+    def matched_blocks(self, worker: str, blocks: Sequence[int]) -> float:
+        """Length of the longest prefix of ``blocks`` that ``worker`` holds (an index with
+        memory tiers weighs the blocks held below the device)."""
         ...
 
     def routed(self, worker: str, blocks: Sequence[int], extends: int = 0) -> None:

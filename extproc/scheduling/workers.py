@@ -65,6 +65,8 @@ class WorkerRegistry:
                 worker.block_size = signals.block_size
             if signals.num_blocks is not None:
                 worker.num_blocks = signals.num_blocks
+            if signals.cpu_blocks is not None:
+                worker.cpu_blocks = signals.cpu_blocks
             worker.scraped_at = now
         return True
 

@@ -1,5 +1,6 @@
-"""The one I/O piece of the precise prefix index: a ZMQ SUB socket per worker, read on the event
-loop, feeding decoded KV-event batches into the (pure) ``PreciseKVIndex``."""
+"""The I/O of the precise prefix index: a ZMQ SUB socket per publisher, read on the event loop,
+feeding decoded batches into the (pure) indexes: each worker's KV events into
+``PreciseKVIndex``, a shared store's (Mooncake Store) into ``SharedKVPool``."""
 
 from __future__ import annotations
 
@@ -11,25 +12,17 @@ import zmq
 import zmq.asyncio
 
 from ..scheduling.kv_events import KVEventDecodeError, PreciseKVIndex, decode_frames
+from ..scheduling.shared_pool import SharedKVPool, decode_store_frames
 
 log = logging.getLogger(__name__)
 
-class KVEventSubscriber:
-    """Feeds one worker's KV events into ``index``: a ZMQ SUB socket read on the event loop.
+class ZmqFeed:
+    """One publisher's messages, each handed to ``_handle``: a ZMQ SUB socket read on the event
+    loop. ZMQ reconnects on its own when the publisher restarts (the sequence numbers tell the
+    indexes). Messages that do not decode are logged and counted in ``errors``."""
 
-    ZMQ reconnects on its own when the publisher restarts; the restart shows as sequence 0,
-    which the index handles. Batches that do not decode are logged and counted in ``errors``.
-    """
-
-    def __init__(
-        self,
-        index: PreciseKVIndex,
-        worker_address: str,
-        endpoint: str,
-        topic: str = "kv-events",
-    ) -> None:
-        self.index = index
-        self.worker_address = worker_address
+    def __init__(self, name: str, endpoint: str, topic: str) -> None:
+        self.name = name
         self.endpoint = endpoint
         self.topic = topic
         self.errors = 0
@@ -47,7 +40,7 @@ class KVEventSubscriber:
         self._socket.setsockopt(zmq.SUBSCRIBE, self.topic.encode())
         self._socket.connect(self.endpoint)
         self._task = asyncio.get_running_loop().create_task(
-            self._run(self._socket), name=f"kv-events {self.worker_address}"
+            self._run(self._socket), name=self.name
         )
 
     async def stop(self) -> None:
@@ -67,12 +60,43 @@ class KVEventSubscriber:
         while True:
             frames = await socket.recv_multipart()
             try:
-                topic, seq, batch = decode_frames(frames)
-                if topic != self.topic:
-                    raise KVEventDecodeError(f"unexpected topic {topic!r}")
+                self._handle(frames)
             except KVEventDecodeError as exc:
                 self.errors += 1
-                log.warning("KV events from %s: %s", self.worker_address, exc)
-                continue
-            self.index.apply(self.worker_address, batch, seq)
+                log.warning("%s: %s", self.name, exc)
 
+    def _handle(self, frames: list[bytes]) -> None:
+        raise NotImplementedError
+
+
+class KVEventSubscriber(ZmqFeed):
+    """Feeds one worker's vLLM KV events into ``index``."""
+
+    def __init__(
+        self,
+        index: PreciseKVIndex,
+        worker_address: str,
+        endpoint: str,
+        topic: str = "kv-events",
+    ) -> None:
+        super().__init__(f"kv-events {worker_address}", endpoint, topic)
+        self.index = index
+        self.worker_address = worker_address
+
+    def _handle(self, frames: list[bytes]) -> None:
+        topic, seq, batch = decode_frames(frames)
+        if topic != self.topic:
+            raise KVEventDecodeError(f"unexpected topic {topic!r}")
+        self.index.apply(self.worker_address, batch, seq)
+
+
+class SharedPoolSubscriber(ZmqFeed):
+    """Feeds a shared store's KV events (Mooncake master's publisher) into ``pool``."""
+
+    def __init__(self, pool: SharedKVPool, endpoint: str, topic: str = "") -> None:
+        super().__init__("kv-events shared-pool", endpoint, topic)
+        self.pool = pool
+
+    def _handle(self, frames: list[bytes]) -> None:
+        seq, events = decode_store_frames(frames)
+        self.pool.apply(events, seq)

@@ -1,7 +1,7 @@
 """The service's background work, each loop a named task that is kept and stopped on shutdown:
-scraping workers' ``/metrics``, ticking session-aware admission, reloading the workers file, and
-(precise prefix mode) subscribing to the workers' KV events. All I/O is async; the core objects
-they feed stay synchronous."""
+scraping workers' ``/metrics``, ticking session-aware admission, reloading the workers file,
+(precise prefix mode) subscribing to the workers' KV events and a shared pool's, and delivering
+KV hints to the workers. All I/O is async; the core objects they feed stay synchronous."""
 
 from __future__ import annotations
 
@@ -12,11 +12,13 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
+from prometheus_client import Counter
 
 from ..core.router import Router
 from ..scheduling.kv_events import PreciseKVIndex
+from ..scheduling.kv_hints import HINTS_PATH, KvHint, by_worker, encode_hints
 from ..scheduling.prefix_index import ApproximatePrefixIndex
-from .kv_subscriber import KVEventSubscriber
+from .kv_subscriber import KVEventSubscriber, SharedPoolSubscriber, ZmqFeed
 
 log = logging.getLogger(__name__)
 
@@ -27,9 +29,14 @@ class Background:
     def __init__(self, router: Router) -> None:
         self._router = router
         self._tasks: list[asyncio.Task[None]] = []
-        self._subscribers: dict[str, KVEventSubscriber] = {}
+        self._subscribers: dict[str, ZmqFeed] = {}
         self._session: aiohttp.ClientSession | None = None
         self._mtime: float | None = None
+        self._hints = Counter(
+            "saar_kv_hints", "KV hints sent to workers, by kind and outcome (delivered: the "
+            "worker answered 2xx; failed: an error or no answer in time; dropped: the queue was "
+            "full)", ["kind", "outcome"], registry=router.metrics.registry)
+        self._hints_dropped = 0
 
     def start(self) -> None:
         scheduling = self._router.config.scheduling
@@ -43,7 +50,13 @@ class Background:
             self._spawn("admission-tick", self._tick, scheduling.admission.tick_seconds)
         if scheduling.workers_file:
             self._spawn("watch-workers-file", self._watch, WATCH_SECONDS)
+        if scheduling.hints.enabled:
+            self._spawn("kv-hints", self._deliver_hints, scheduling.hints.flush_seconds)
         self._subscribe()
+        pool, shared = self._router.pools.shared_pool, scheduling.prefix.shared_pool
+        if pool is not None and shared.endpoint:
+            self._subscribers[""] = SharedPoolSubscriber(pool, shared.endpoint, shared.topic)
+            self._subscribers[""].start()
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -95,12 +108,39 @@ class Background:
     async def _tick(self) -> None:
         pools, metrics = self._router.pools, self._router.metrics
         workers = pools.all_workers()
-        pools.admission.tick(workers)
+        pools.tick(workers)
         metrics.paused_sessions.set(pools.admission.paused_count())
         for worker in workers:
             metrics.worker_utilization.labels(worker.address).set(
                 pools.admission.utilization(worker.address)
             )
+
+    async def _deliver_hints(self) -> None:
+        """Everything queued, one batch per worker, all at once: best effort, a worker that
+        fails or is slower than ``hints.timeout_seconds`` loses its batch (hints are advice;
+        retrying a stale demote or prefetch would do more harm than losing it)."""
+        pools = self._router.pools
+        dropped = pools.hints_dropped - self._hints_dropped
+        self._hints_dropped = pools.hints_dropped
+        if dropped:
+            self._hints.labels("any", "dropped").inc(dropped)
+        hints = list(pools.hints_out)
+        pools.hints_out.clear()
+        await asyncio.gather(*(self._post_hints(w, batch) for w, batch in by_worker(hints).items()))
+
+    async def _post_hints(self, worker: str, hints: list[KvHint]) -> None:
+        assert self._session is not None
+        timeout = aiohttp.ClientTimeout(total=self._router.config.scheduling.hints.timeout_seconds)
+        try:
+            async with self._session.post(
+                f"http://{worker}{HINTS_PATH}", data=encode_hints(hints), timeout=timeout,
+                headers={"content-type": "application/json"},
+            ) as response:
+                outcome = "delivered" if response.status < 300 else "failed"
+        except (TimeoutError, aiohttp.ClientError):
+            outcome = "failed"
+        for hint in hints:
+            self._hints.labels(hint.kind, outcome).inc()
 
     async def _watch(self) -> None:
         path = Path(self._router.config.scheduling.workers_file or "")

@@ -213,7 +213,7 @@ def test_new_sessions_wait_behind_paused_programs_then_go_where_there_is_room(
     ac.turn_finished("hog", "w", 1000, 0)  # paused at its boundary; its context shrank
     tick = ac.tick(TWO)
     assert tick.resumed == ("small", "hog", "new")  # the paused ones, then the new one
-    assert (ac.preferred_worker("small"), ac.preferred_worker("new")) == (None, "v")
+    assert (ac.preferred_worker("small"), ac.preferred_worker("new")) == ("w", "v")
     assert not ac.is_paused("new")
     ac.turn_started("new", "v", 700)
     assert ac.preferred_worker("new") is None
@@ -251,3 +251,27 @@ def test_new_sessions_are_not_held_when_told_not_to(clock: FakeClock) -> None:
     reasoning(ac, "hog", 9900)
     ac.tick([W])
     assert not ac.is_paused("new")
+
+
+def test_a_tick_reports_boundary_pauses_and_forgotten_programs(clock: FakeClock) -> None:
+    ac = controller(clock)
+    reasoning(ac, "hog", 12_000)
+    assert ac.tick([W]).paused == ()  # a turn in flight: paused at its boundary instead
+    ac.turn_finished("hog", "w", 12_000, 0)
+    assert ac.is_paused("hog")
+    assert ac.tick([W]).paused == ("hog",)
+    assert ac.tick([W]).paused == (), "reported once"
+    clock.advance(4000)
+    assert ac.tick([W]).forgotten == ("hog",)
+
+
+def test_a_resumed_program_goes_back_to_its_worker_until_its_next_turn(clock: FakeClock) -> None:
+    ac = controller(clock)
+    acting(ac, "a", 6000)
+    acting(ac, "b", 6000)
+    assert ac.tick([W]).paused == ("a",)
+    ac.turn_finished("b", "w", 100, 0)
+    assert ac.tick([W]).resumed == ("a",)
+    assert ac.preferred_worker("a") == "w"
+    ac.turn_started("a", "w", 6000)
+    assert ac.preferred_worker("a") is None

@@ -14,12 +14,17 @@ import zmq
 import zmq.asyncio
 
 from extproc.scheduling.kv_events import (
+    CPU,
+    DEVICE,
+    DISK,
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
     EventBatch,
     KVEventDecodeError,
     PreciseKVIndex,
+    TierOverlap,
+    TierWeights,
     decode_batch,
     decode_frames,
     encode_batch,
@@ -194,18 +199,16 @@ def test_removed_and_cleared_blocks_stop_matching() -> None:
     assert index.matched_blocks(W, request) == 0
 
 
-def test_only_gpu_blocks_of_the_base_model_in_the_index_block_size_count() -> None:
+def test_only_blocks_of_the_base_model_in_the_index_block_size_count() -> None:
     index = PreciseKVIndex(block_size=BS)
     ids = tokens(8)
-    index.apply(W, batch(stored([1, 2], None, ids, medium="CPU")))
     index.apply(W, batch(stored([3, 4], None, ids, lora_id=1)))
     index.apply(W, batch(BlockStored((5,), None, tuple(ids), 8)))  # another block size
     index.apply(W, batch(stored([6], 12345, ids[4:])))  # parent never seen
+    index.apply(W, batch(stored([7], None, ids[:4], medium="EXTERNAL")))  # not a local tier
+    index.apply(W, batch(BlockStored((8,), None, (), BS, None, "CPU")))  # moved, never known
     assert index.matched_blocks(W, index.hash_tokens(ids)) == 0
-    assert index.skipped_blocks == 2 + 1 + 1
-    index.apply(W, batch(stored([1, 2], None, ids, medium="GPU")))
-    index.apply(W, batch(BlockRemoved((1, 2), "CPU")))
-    assert index.matched_blocks(W, index.hash_tokens(ids)) == 2
+    assert index.skipped_blocks == 2 + 1 + 1 + 1 + 1
 
 
 def test_a_request_hashed_for_another_model_does_not_match() -> None:
@@ -266,6 +269,65 @@ def test_equal_tokens_under_two_engine_hashes_count_until_both_are_removed() -> 
     assert index.matched_blocks(W, index.hash_tokens(ids)) == 1
     index.apply(W, batch(BlockRemoved((2,))))
     assert index.matched_blocks(W, index.hash_tokens(ids)) == 0
+
+
+# -- memory tiers ----------------------------------------------------------------------------
+
+
+def moved(engine: list[int], medium: str) -> BlockStored:
+    """An offloading connector's event: engine hashes only, no tokens, no parent."""
+    return BlockStored(tuple(engine), None, (), BS, None, medium)
+
+
+def test_blocks_offloaded_below_the_device_count_at_their_tier_weight() -> None:
+    index = PreciseKVIndex(block_size=BS)
+    ids = tokens(24)
+    request = index.hash_tokens(ids)
+    index.apply(W, batch(stored([1, 2, 3, 4, 5, 6], None, ids, medium="GPU")))
+    index.apply(W, batch(moved([3, 4, 5, 6], "CPU"), BlockRemoved((3, 4, 5, 6), "GPU")))
+    index.apply(W, batch(moved([5, 6], "DISK"), BlockRemoved((5, 6), "CPU")))
+    found = index.overlap(W, request)
+    assert found == TierOverlap(device=2, cpu=2, disk=2, shared=0,
+                                weighted=2 + 2 * 0.75 + 2 * 0.25)
+    assert index.matched_blocks(W, request) == found.weighted
+    assert (index.block_count(W, DEVICE), index.block_count(W, CPU),
+            index.block_count(W, DISK), index.block_count(W)) == (2, 2, 2, 6)
+    index.apply(W, batch(BlockRemoved((1,), "GPU")))
+    assert index.overlap(W, request).device == 0, "a device prefix starts at block 0"
+    assert index.overlap(W, request).weighted == 0.0
+
+
+def test_a_block_on_the_device_and_below_counts_once_at_the_device_weight() -> None:
+    index = PreciseKVIndex(block_size=BS, weights=TierWeights(cpu=0.5, disk=0.1))
+    ids = tokens(12)
+    index.apply(W, batch(stored([1, 2, 3], None, ids), moved([1, 2, 3], "cpu")))
+    assert index.overlap(W, index.hash_tokens(ids)) == TierOverlap(3, weighted=3.0)
+    index.apply(W, batch(BlockRemoved((2, 3), "GPU")))
+    assert index.overlap(W, index.hash_tokens(ids)) == TierOverlap(1, 2, weighted=2.0)
+    index.apply(W, batch(BlockRemoved((2, 3), "CPU")))
+    assert index.block_count(W) == 1, "gone from every tier, forgotten"
+
+
+def test_cpu_events_need_the_device_to_have_reported_the_block_first() -> None:
+    index = PreciseKVIndex(block_size=BS)
+    ids = tokens(8)
+    index.apply(W, batch(moved([1, 2], "CPU")))
+    index.apply(W, batch(stored([1, 2], None, ids), BlockRemoved((1, 2), "GPU")))
+    assert index.overlap(W, index.hash_tokens(ids)).cpu == 0
+    index.apply(W, batch(stored([1, 2], None, ids), moved([1, 2], "CPU"),
+                         BlockRemoved((1, 2), "GPU")))
+    assert index.overlap(W, index.hash_tokens(ids)).cpu == 2
+
+
+def test_listeners_hear_where_blocks_come_and_go() -> None:
+    index = PreciseKVIndex(block_size=BS)
+    heard: list[tuple[str, str, int, bool]] = []
+    index.listeners.append(lambda w, tier, own, up: heard.append((w, tier, len(own), up)))
+    ids = tokens(8)
+    index.apply(W, batch(stored([1, 2], None, ids), moved([2], "CPU"),
+                         BlockRemoved((2,), "GPU"), AllBlocksCleared()))
+    assert heard == [(W, DEVICE, 2, True), (W, CPU, 1, True), (W, DEVICE, 1, False),
+                     (W, DEVICE, 1, False), (W, CPU, 1, False)]
 
 
 # -- the subscriber --------------------------------------------------------------------------

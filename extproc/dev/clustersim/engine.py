@@ -9,8 +9,8 @@ the running ones; cached blocks of finished requests fill the rest of the pool, 
 into host memory (``tiers``). A request whose prefix sits in host memory waits in the batch for
 its blocks to land, then prefills only the rest; the batch keeps running meanwhile.
 
-The worker also takes the router's KV hints (``kv_hints``) and resolves each against what it
-knows of the session (``ownership``); it may ignore any of them.
+The worker also takes the router's KV hints (``scheduling.kv_hints``) and resolves each against
+what it knows of the session (``ownership``); it may ignore any of them.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .kv_hints import KvHint
+from ...scheduling.kv_hints import KvHint
 from .ownership import SessionBlocks
 from .tiers import KVListener, TieredKV
 

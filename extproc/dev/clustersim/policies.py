@@ -5,8 +5,8 @@
 that learns only from its own picks); ``kv_aware_admission`` adds the server's
 ``AdmissionController``, wired into the Scheduler as ``Pools`` wires it;
 ``kv_aware_admission_hints`` adds a ``KvHintEmitter`` that turns admission's pauses, resumes and
-session ends, and the prefixes routing finds shared, into KV hints for the engines, and sends a
-resumed session's turn where its KV was prefetched.
+session ends, and the prefixes routing finds shared, into KV hints for the engines (as ``Pools``
+does for the live server).
 ``least_loaded`` is the same Scheduler with only the load scorers (queue and KV utilization:
 the "load-only" baseline); ``round_robin`` is the one local picker.
 """
@@ -20,10 +20,10 @@ from dataclasses import dataclass, replace
 from ...apis import CHARS_PER_TOKEN
 from ...config import Scheduling
 from ...scheduling.admission import AdmissionController
+from ...scheduling.kv_hints import KvHintEmitter
 from ...scheduling.prefix_index import ApproximatePrefixIndex
 from ...scheduling.scheduler import Scheduler, from_config
 from ...scheduling.types import SchedulingRequest, Worker
-from .kv_hints import KvHintEmitter
 
 POLICIES = ("round_robin", "least_loaded", "kv_aware", "kv_aware_admission",
             "kv_aware_admission_hints")
@@ -72,7 +72,7 @@ class SchedulerPolicy:
             raise RuntimeError(f"{self.name}: no worker picked")
         address = result.ordered[0]
         tokens = self.index.chars_per_block // CHARS_PER_TOKEN
-        return Pick(address, result.matched_blocks.get(address, 0) * tokens)
+        return Pick(address, int(result.matched_blocks.get(address, 0) * tokens))
 
 
 def build_policy(name: str, *, scheduling: Scheduling, block_size: int, seed: int,
@@ -95,21 +95,7 @@ def build_policy(name: str, *, scheduling: Scheduling, block_size: int, seed: in
         return SchedulerPolicy(name, scheduler, index)
     admission = replace(scheduling.admission, enabled=True)
     controller = AdmissionController(admission, clock=clock)
-    hints = KvHintEmitter() if name == "kv_aware_admission_hints" else None
-    prefer = controller.preferred_worker if hints is None else _after_prefetch(controller, hints)
-    scheduler = from_config(scheduling, index=index, rng=rng, clock=clock, prefer=prefer)
+    hints = KvHintEmitter(clock=clock) if name == "kv_aware_admission_hints" else None
+    scheduler = from_config(scheduling, index=index, rng=rng, clock=clock,
+                            prefer=controller.preferred_worker)
     return SchedulerPolicy(name, scheduler, index, controller, admission.tick_seconds, hints)
-
-
-def _after_prefetch(controller: AdmissionController,
-                    hints: KvHintEmitter) -> Callable[[str | None], str | None]:
-    """The scheduler's ``prefer``: admission's worker for a held new session, else the worker a
-    resumed session's KV is being prefetched to. Without it the approximate index has often
-    forgotten a long-paused session and the load scorers move its turn to a worker that
-    prefills its whole context again (most of what admission still re-prefills at 96-192
-    sessions in ``saar simulate``)."""
-
-    def prefer(session: str | None) -> str | None:
-        return controller.preferred_worker(session) or hints.prefetched_to(session)
-
-    return prefer

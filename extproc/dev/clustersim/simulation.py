@@ -16,10 +16,10 @@ from typing import Protocol
 
 from ...scheduling.admission import AdmissionTick
 from ...scheduling.kv_events import KVEvent
+from ...scheduling.kv_hints import KvHint, KvHintEmitter
 from ...scheduling.types import SchedulingRequest, Worker
 from .blocks import chain_ids
 from .engine import CostModel, EngineWorker, SimRequest, WorkerSpec
-from .kv_hints import KvHint, KvHintEmitter
 from .metrics import RunMetrics
 from .policies import Pick
 from .workload import AgenticWorkload, Script
@@ -103,7 +103,8 @@ class Simulation:
                         for i in range(cluster.workers)]
         self._by_address = {w.address: w for w in self.workers}
         self._views = [Worker(address=w.address, model=cluster.model,
-                              block_size=cluster.block_size, num_blocks=w.total_blocks)
+                              block_size=cluster.block_size, num_blocks=w.total_blocks,
+                              cpu_blocks=cluster.worker.cpu_tokens // cluster.block_size or None)
                        for w in self.workers]
         self._events: list[tuple[float, int, int, object]] = []
         self._seq = 0
@@ -186,7 +187,7 @@ class Simulation:
             blocks = done[: step.prompt_tokens // size]
         key = run.script.key
         request = SchedulingRequest(self.cluster.model, key, tuple(blocks), step.prompt_tokens,
-                                    bound_worker=run.worker)
+                                    bound_worker=run.worker, parent_session=run.script.parent)
         pick = self.policy.route(request, self._refresh_views())
         address = run.worker = pick.address
         admission = self.policy.admission

@@ -61,19 +61,21 @@ def test_admission_holds_only_at_tool_boundaries() -> None:
     assert len(dispatched) == metrics.turns + len(sim._in_flight)
 
 
-def test_hints_keep_paused_sessions_cached_better_than_admission_alone() -> None:
-    """Oversubscribed (48 sessions on 4 x 128k): demote / prefetch / release / share, and the
-    resumed turn following its prefetch, halve the re-prefill admission alone leaves."""
+def test_admission_with_hints_keeps_an_oversubscribed_pool_cached() -> None:
+    """Oversubscribed (48 sessions on 4 x 128k): admission sends each resumed turn back to its
+    worker, so the hit rate stays far above KV-aware routing alone, with hints or without; the
+    engines apply most hints (demote, prefetch, release), and none go to the plain policy."""
     cluster = ClusterSpec(workers=4, worker=WorkerSpec(capacity_tokens=128_000,
                                                        cpu_tokens=256_000))
     experiment = replace(SMALL, cluster=cluster, concurrencies=(48,), warmup_s=60.0,
-                         policies=("kv_aware_admission", "kv_aware_admission_hints"))
+                         policies=("kv_aware", "kv_aware_admission", "kv_aware_admission_hints"))
     results = run_matrix(experiment)
-    plain = results["kv_aware_admission"]["48"]
+    kv, plain = results["kv_aware"]["48"], results["kv_aware_admission"]["48"]
     hinted = results["kv_aware_admission_hints"]["48"]
-    assert hinted.hit_rate > plain.hit_rate + 0.005
-    assert hinted.reprefill_tokens < 0.7 * plain.reprefill_tokens
-    assert hinted.hints["demote"] and hinted.hints["prefetch"] and hinted.hints["release"]
+    assert min(plain.hit_rate, hinted.hit_rate) > kv.hit_rate + 0.2
+    assert hinted.reprefill_tokens < 0.1 * kv.reprefill_tokens
+    for kind in ("demote", "prefetch", "release"):
+        assert hinted.hints[kind] > hinted.hints[f"{kind}_ignored"]
     assert not plain.hints
 
 

@@ -6,9 +6,9 @@ import pytest
 
 from extproc.dev.clustersim.blocks import Stream
 from extproc.dev.clustersim.engine import CostModel, EngineWorker, SimRequest, WorkerSpec
-from extproc.dev.clustersim.kv_hints import KvHint
 from extproc.dev.clustersim.tiers import CPU, DISK, GPU, TieredKV
 from extproc.scheduling.kv_events import BlockRemoved, BlockStored, KVEvent
+from extproc.scheduling.kv_hints import KvHint
 
 BLOCK = 64
 
