@@ -24,6 +24,8 @@ before the client can act on them.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,7 +41,8 @@ from ..apis import ResponseObserver
 from ..core.router import Request, Routed, Router, api_for, issued, outcome_of
 from ..errors import BodyTooLarge, MalformedRequest, RoutingError, SessionPaused
 from ..state.layer import StateLayer
-from ..state.records import Commit, Turn, Write
+from ..state.records import Commit, Turn
+from ..state.store import Facts, Write
 from ..types import Api, ResponseSummary
 from .contract import (
     API_KEY,
@@ -289,6 +292,8 @@ class ExtProcStream:
         """Full duplex: the request headers are unanswered until the body has been seen."""
         self._trailers = False
         self._remove: list[str] = []
+        self._prefetch: asyncio.Task[Facts] | None = None
+        """The session's facts, loaded while Envoy still buffers the body."""
 
     @property
     def api(self) -> Api | None:
@@ -355,6 +360,8 @@ class ExtProcStream:
         """The stream ended. A routing stream ends its turn (however far it got: answered,
         failed after routing, or abandoned by the client); an observe stream that never saw
         its terminal event finishes the turn with what it did see."""
+        if self._prefetch is not None:
+            self._prefetch.cancel()
         if self._observing:
             if not self._finished:
                 self._finish_observed()
@@ -402,6 +409,9 @@ class ExtProcStream:
             return reply
         if message.end_of_stream:
             raise MalformedRequest("request has no body; a JSON body with a model is required")
+        query = self._router.prefetch(self._headers)
+        if query is not None:
+            self._prefetch = self._state.prefetch(query)
         if self._duplex_request:
             # Answered once the body has been seen: the pick rides on this reply. The client's
             # routing headers are dropped then by overwriting or removing them.
@@ -458,7 +468,15 @@ class ExtProcStream:
     async def _decide(self, *, admit_paused: bool) -> Routed:
         assert self._api is not None
         request: Request = self._router.read(self._api, self._headers, self._body)
-        facts = await self._state.load(request.query)
+        facts = None
+        if self._prefetch is not None:
+            prefetched, self._prefetch = self._prefetch, None
+            with contextlib.suppress(Exception):
+                facts = await prefetched
+            if facts is not None and not self._router.covers(request, facts):
+                facts = None
+        if facts is None:
+            facts = await self._state.load(request.query)
         routed = self._router.route(request, facts, subset=self._subset,
                                     admit_paused=admit_paused)
         self._routed = routed

@@ -168,6 +168,26 @@ class Router:
         return Request(summary, identity, headers, query, started, parsed, time.perf_counter(),
                        spans)
 
+    def prefetch(self, headers: Mapping[str, str]) -> Query | None:
+        """What to load before the body arrives: the session the headers name (the body can
+        only name one when they name none), None when they name none."""
+        key = self.identity.read(headers).key
+        return None if key is None else Query(key)
+
+    @staticmethod
+    def covers(request: Request, facts: Facts) -> bool:
+        """Whether facts loaded from the headers alone serve ``request``: the same session,
+        and every id it carries issued by that session's last answer (the record says who
+        issued those), so no owner needs looking up."""
+        query = request.query
+        if query.session is None or facts.session_key != query.session:
+            return False
+        if not query.ids:
+            return True
+        issued = set(facts.session.issued) if facts.session is not None else set()
+        cut = len(request.identity.tenant) + 1
+        return all(key[cut:] in issued for key in query.ids)
+
     def route(
         self,
         request: Request,

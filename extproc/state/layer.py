@@ -151,6 +151,14 @@ class StateLayer:
         if self.shared is not None:
             await self.shared.close()
 
+    def prefetch(self, query: Query) -> asyncio.Task[Facts] | None:
+        """Start loading ``query``'s facts now (the request headers named the session), so
+        the round trip overlaps Envoy buffering the body; None without a shared store, where
+        a load is immediate anyway."""
+        if self.shared is None or not self._up:
+            return None
+        return asyncio.create_task(self.load(query), name="state-prefetch")
+
     async def load(self, query: Query) -> Facts:
         local = self.local.load_now(query)
         if self.shared is None or not self._up:

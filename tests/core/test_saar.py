@@ -321,3 +321,23 @@ def test_a_context_no_model_fits_is_a_400_not_a_retryable_503(session_config, cl
         driver.send(chat("summarise it again", context_chars=48_000))
     assert (info.value.status, info.value.code) == (400, "context_length_exceeded")
     assert info.value.retry_after is None
+
+
+def test_facts_loaded_from_the_headers_cover_a_turn_continuing_the_last_answer(driver):
+    """The prefetch (a load started at the request headers) serves the body only when every
+    id the body carries was issued by the session's last answer: no owner lookup is missing."""
+    from extproc.state.store import Query
+
+    headers = {"authorization": "Bearer k", "x-session-id": "s1"}
+    driver.send(chat(HARD), tool_call_ids=["call_p"])
+    query = driver.router.prefetch(headers)
+    assert query is not None and query.session.endswith("/s1") and not query.ids
+    facts = driver.local.store.load_now(query)
+    router = driver.router
+    answering = router.read(Api.CHAT, headers, chat("ok", results=("call_p",)))
+    assert router.covers(answering, facts)
+    foreign = router.read(Api.CHAT, headers, chat("ok", results=("call_elsewhere",)))
+    assert not router.covers(foreign, facts)
+    other_session = router.read(Api.CHAT, {**headers, "x-session-id": "s2"}, chat(HARD))
+    assert not router.covers(other_session, facts)
+    assert router.prefetch({"authorization": "Bearer k"}) is None  # only the body can tell
