@@ -326,7 +326,6 @@ def test_a_context_no_model_fits_is_a_400_not_a_retryable_503(session_config, cl
 def test_facts_loaded_from_the_headers_cover_a_turn_continuing_the_last_answer(driver):
     """The prefetch (a load started at the request headers) serves the body only when every
     id the body carries was issued by the session's last answer: no owner lookup is missing."""
-    from extproc.state.store import Query
 
     headers = {"authorization": "Bearer k", "x-session-id": "s1"}
     driver.send(chat(HARD), tool_call_ids=["call_p"])
