@@ -38,6 +38,11 @@ class SimConfig:
     kv_events_endpoint: str | None = None
     """ZMQ endpoint to bind a PUB socket on and publish vLLM KV events (needs ``tokenizer``)."""
     kv_events_topic: str = "kv-events"
+    num_cpu_blocks: int = 0
+    """Host-memory KV tier, in blocks: what the router's demote hints move there (0: none)."""
+    cpu_tokens_per_s: float = 400_000.0
+    """Host-to-device copy rate: a prompt's blocks found in host memory cost this, not a
+    prefill."""
 
     def __post_init__(self) -> None:
         if not self.instance_id:
@@ -47,7 +52,10 @@ class SimConfig:
             raise ValueError(f"instance_id must match {_INSTANCE_ID.pattern}: {self.instance_id!r}")
         if min(self.block_size, self.num_gpu_blocks, self.max_num_seqs, self.max_model_len) < 1:
             raise ValueError("block_size, num_gpu_blocks, max_num_seqs, max_model_len must be >= 1")
-        if min(self.prefill_tokens_per_s, self.decode_tokens_per_s) <= 0 or self.time_scale < 0:
+        if self.num_cpu_blocks < 0:
+            raise ValueError("num_cpu_blocks must be >= 0")
+        rates = (self.prefill_tokens_per_s, self.decode_tokens_per_s, self.cpu_tokens_per_s)
+        if min(rates) <= 0 or self.time_scale < 0:
             raise ValueError("token rates must be positive and time_scale non-negative")
         if self.kv_events_endpoint and not self.tokenizer:
             raise ValueError("kv_events_endpoint needs a tokenizer: events carry token ids")
@@ -95,3 +103,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="bind a ZMQ PUB socket here (e.g. tcp://127.0.0.1:5557) and publish vLLM KV events",
     )
     parser.add_argument("--kv-events-topic", default=d.kv_events_topic)
+    parser.add_argument("--num-cpu-blocks", type=int, default=d.num_cpu_blocks,
+                        help="host-memory KV tier in blocks, filled by demote hints (0: none)")
+    parser.add_argument("--cpu-tokens-per-s", type=float, default=d.cpu_tokens_per_s,
+                        help="host-to-device KV copy rate")

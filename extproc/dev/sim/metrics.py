@@ -13,7 +13,9 @@ MODEL = ("model_name",)
 
 
 class SimMetrics:
-    def __init__(self, *, model: str, block_size: int, num_gpu_blocks: int) -> None:
+    def __init__(
+        self, *, model: str, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int = 0
+    ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.running = Gauge(
@@ -37,6 +39,31 @@ class SimMetrics:
         self.prefix_hits = Counter(
             "vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", MODEL, registry=r
         ).labels(model)
+        self.external_queries = Counter(
+            "vllm:external_prefix_cache_queries",
+            "Prompt tokens looked up beyond the device cache (host memory).",
+            MODEL,
+            registry=r,
+        ).labels(model)
+        self.external_hits = Counter(
+            "vllm:external_prefix_cache_hits",
+            "Prompt tokens found in host memory and copied back instead of computed.",
+            MODEL,
+            registry=r,
+        ).labels(model)
+        self.cpu_blocks = Gauge(
+            "saar_sim_kv_cpu_blocks", "KV blocks held in host memory.", registry=r
+        )
+        self.hints = Counter(
+            "saar_sim_kv_hints",
+            "KV hints received from the router, by kind and whether they were applied.",
+            ("kind", "outcome"),
+            registry=r,
+        )
+        self.hint_blocks = Counter(
+            "saar_sim_kv_hint_blocks", "KV blocks the hints moved, pinned or freed.", ("kind",),
+            registry=r,
+        )
         self.prompt_tokens = Counter(
             "vllm:prompt_tokens", "Prefill tokens processed.", MODEL, registry=r
         ).labels(model)
@@ -52,10 +79,11 @@ class SimMetrics:
         cache_config = Gauge(
             "vllm:cache_config_info",
             "Information of the LLMEngine CacheConfig.",
-            ("block_size", "num_gpu_blocks", "enable_prefix_caching"),
+            ("block_size", "num_gpu_blocks", "num_cpu_blocks", "enable_prefix_caching"),
             registry=r,
         )
-        cache_config.labels(str(block_size), str(num_gpu_blocks), "True").set(1)
+        cache_config.labels(str(block_size), str(num_gpu_blocks), str(num_cpu_blocks),
+                            "True").set(1)
         self.violations = Counter(
             "saar_sim_continuity_violations",
             "Requests leaning on state this instance never issued, by kind.",

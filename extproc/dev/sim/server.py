@@ -1,7 +1,8 @@
 """HTTP wiring of a simulated vLLM server: the API routes, operations endpoints and the CLI.
 
 Endpoints: ``POST /v1/chat/completions``, ``/v1/responses``, ``/v1/messages``; ``GET /v1/models``,
-``/metrics``, ``/health``; ``POST /admin/faults``, ``GET /admin/state``, ``POST /admin/reset``.
+``/metrics``, ``/health``; ``POST /v1/kv/hints`` (the router's KV hints); ``POST /admin/faults``,
+``GET /admin/state``, ``POST /admin/reset``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from ...scheduling.kv_hints import HINTS_PATH, decode_hints
 from ...types import API_PATHS
 from .config import SimConfig, add_arguments
 from .simulator import Simulator, openai_error
@@ -33,6 +35,7 @@ def build_app(cfg: SimConfig) -> web.Application:
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/health", _health)
+    app.router.add_post(HINTS_PATH, _hints)
     app.router.add_post("/admin/faults", _faults)
     app.router.add_get("/admin/state", _state)
     app.router.add_post("/admin/reset", _reset)
@@ -84,6 +87,17 @@ async def _metrics(request: web.Request) -> web.Response:
 
 async def _health(request: web.Request) -> web.Response:
     return web.Response()
+
+
+async def _hints(request: web.Request) -> web.Response:
+    """A batch of KV hints: ``{"applied": n, "ignored": m}``; a malformed batch is a 400."""
+    sim = request.app[SIMULATOR]
+    try:
+        hints = decode_hints(await request.read(), f"{sim.cfg.host}:{sim.cfg.port}")
+    except ValueError as exc:
+        return openai_error(400, f"bad hints: {exc}", kind="invalid_request_error")
+    applied = sum(sim.hint(h) for h in hints)
+    return _json({"applied": applied, "ignored": len(hints) - applied})
 
 
 async def _faults(request: web.Request) -> web.Response:

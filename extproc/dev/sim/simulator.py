@@ -4,6 +4,12 @@ Order of a request mirrors what routing can observe on a real server: fault inje
 overloaded or dying pod), body validation (the router's own parser, so both agree on what a
 request means), the model check, continuity, then a ``max_num_seqs`` slot, prefill delay
 for the uncached part of the prompt, and decode delay spread over the stream.
+
+It takes the router's KV hints (``POST /v1/kv/hints``) and resolves each against what it knows
+of the session (its requests' session id, read as the router reads it; ``SessionBlocks``): a
+demote moves the session's own blocks to host memory (not while a request of it runs here), a
+prefetch brings them back, a release frees its blocks past the prefix to keep, a share pins a
+prefix. Any hint it cannot apply is ignored, as an engine may.
 """
 
 from __future__ import annotations
@@ -19,15 +25,18 @@ import orjson
 from aiohttp import web
 
 from ...apis import parse_request, render_entries, render_prompt
+from ...core.identity import IdentityReader
 from ...errors import RoutingError
+from ...scheduling.kv_hints import KvHint
 from ...scheduling.tokenizer import Tokenizer
 from ...types import API_PATHS, Api, RequestSummary
+from ..clustersim.ownership import SessionBlocks
 from .config import SimConfig
 from .formats import FORMATS
 from .kv_publisher import KVEventPublisher
 from .metrics import SimMetrics
 from .oracle import ContinuityOracle
-from .prefix_cache import PrefixCache, tokenize
+from .prefix_cache import PrefixCache, block_hashes, tokenize
 from .reply import Reply, build_reply
 
 _SECRET_HEADERS = frozenset({"authorization", "x-api-key", "proxy-authorization"})
@@ -64,12 +73,19 @@ class Simulator:
             else None
         )
         self.cache = PrefixCache(
-            block_size=cfg.block_size, num_gpu_blocks=cfg.num_gpu_blocks, listener=self.kv_events
+            block_size=cfg.block_size, num_gpu_blocks=cfg.num_gpu_blocks,
+            num_cpu_blocks=cfg.num_cpu_blocks, share_blocks=cfg.num_gpu_blocks // 5,
+            listener=self.kv_events,
         )
         self.oracle = ContinuityOracle(cfg.instance_id)
         self.metrics = SimMetrics(
-            model=cfg.model, block_size=cfg.block_size, num_gpu_blocks=cfg.num_gpu_blocks
+            model=cfg.model, block_size=cfg.block_size, num_gpu_blocks=cfg.num_gpu_blocks,
+            num_cpu_blocks=cfg.num_cpu_blocks,
         )
+        self.identity = IdentityReader()
+        self.sessions = SessionBlocks()
+        self._running: dict[str, int] = {}
+        """Requests of each session in flight here: its KV is in use, not to be demoted."""
         self.fail_every = cfg.fail_every
         self.fail_next = 0
         self.requests = 0
@@ -122,8 +138,39 @@ class Simulator:
                 f"However, your request has {len(prompt.tokens)} input tokens."
             )
             return openai_error(400, message, kind="BadRequestError", code=400, headers=headers)
+        session = self.identity.read(
+            {k.lower(): v for k, v in request.headers.items()}, summary).session_id
         async with self._slot(len(prompt.tokens) + self.cfg.output_tokens):
-            return await self._answer(request, api, summary, prompt, headers)
+            if session is not None:
+                self._running[session] = self._running.get(session, 0) + 1
+            try:
+                return await self._answer(request, api, summary, prompt, headers, session)
+            finally:
+                if session is not None:
+                    self._running[session] -= 1
+                    if not self._running[session]:
+                        del self._running[session]
+
+    def hint(self, hint: KvHint) -> bool:
+        """Apply one router hint if it can; False: ignored (an unknown session, nothing to
+        move, no host tier, or a demote of a session with a request running here)."""
+        blocks = self.sessions.blocks(hint.session)
+        keep = hint.prefix_tokens // self.cfg.block_size
+        moved = 0
+        if blocks:
+            match hint.kind:
+                case "share":
+                    moved = self.cache.share(blocks[:keep])
+                case "demote" if hint.session not in self._running:
+                    moved = self.cache.demote(self.sessions.unique(hint.session))
+                case "prefetch":
+                    moved = self.cache.prefetch(blocks)
+                case "release":
+                    moved = self.cache.release(self.sessions.forget(hint.session, keep))
+        self.metrics.hints.labels(hint.kind, "applied" if moved else "ignored").inc()
+        self.metrics.hint_blocks.labels(hint.kind).inc(moved)
+        self.metrics.cpu_blocks.set(self.cache.cpu_blocks)
+        return bool(moved)
 
     async def _answer(
         self,
@@ -132,12 +179,17 @@ class Simulator:
         summary: RequestSummary,
         prompt: Prompt,
         headers: dict[str, str],
+        session: str | None,
     ) -> web.StreamResponse:
         fmt = FORMATS[api]
         tokens = prompt.tokens
         cached = self.cache.lookup_and_insert(tokens)
+        loaded = self.cache.loaded * self.cfg.block_size
         self.metrics.prefix_queries.inc(len(tokens))
-        self.metrics.prefix_hits.inc(cached)
+        self.metrics.prefix_hits.inc(cached - loaded)
+        self.metrics.external_queries.inc(len(tokens) - (cached - loaded))
+        self.metrics.external_hits.inc(loaded)
+        self.metrics.cpu_blocks.set(self.cache.cpu_blocks)
         self.metrics.prompt_tokens.inc(len(tokens))
         reply = build_reply(
             summary,
@@ -149,7 +201,9 @@ class Simulator:
             oracle=self.oracle,
         )
         headers["x-sim-cached-tokens"] = str(cached)
-        await self._sleep((len(tokens) - cached) / self.cfg.prefill_tokens_per_s)
+        headers["x-sim-loaded-tokens"] = str(loaded)
+        await self._sleep((len(tokens) - cached) / self.cfg.prefill_tokens_per_s
+                          + loaded / self.cfg.cpu_tokens_per_s)
         decode_seconds = reply.output_tokens / self.cfg.decode_tokens_per_s
         if summary.stream:
             events = list(fmt.events(reply, summary))
@@ -172,14 +226,18 @@ class Simulator:
                 content_type="application/json",
                 headers=headers,
             )
-        self._finish(api, summary, prompt, reply)
+        self._finish(api, summary, prompt, reply, session)
         return response
 
-    def _finish(self, api: Api, summary: RequestSummary, prompt: Prompt, reply: Reply) -> None:
-        """Remember the turn: output blocks join the cache (as vLLM's do) and Responses ids
-        become resumable."""
+    def _finish(self, api: Api, summary: RequestSummary, prompt: Prompt, reply: Reply,
+                session: str | None) -> None:
+        """Remember the turn: output blocks join the cache (as vLLM's do), the session's
+        context is what hints resolve against, and Responses ids become resumable."""
         reply_text = render_entries(api, FORMATS[api].history(reply))
-        self.cache.lookup_and_insert(self.encode(prompt.text + reply_text))
+        context = self.encode(prompt.text + reply_text)
+        self.cache.lookup_and_insert(context)
+        if session is not None:
+            self.sessions.update(session, block_hashes(context, self.cfg.block_size))
         if api is Api.RESPONSES:
             turn_text = prompt.new + reply_text
             self.oracle.record_response(reply.id, summary.previous_response_id, turn_text)
@@ -260,6 +318,8 @@ class Simulator:
                 "blocks": len(self.cache),
                 "capacity": self.cache.num_gpu_blocks,
                 "usage": self.cache.usage_fraction,
+                "cpu_blocks": self.cache.cpu_blocks,
+                "cpu_capacity": self.cache.num_cpu_blocks,
             },
             "faults": {"fail_next": self.fail_next, "fail_every": self.fail_every},
         }
