@@ -261,13 +261,16 @@ class KubernetesDiscovery:
 
 
 def _default_client() -> Any:
-    """In a pod: its service account; elsewhere: the kubeconfig."""
+    """In a pod: its service account; elsewhere: the kubeconfig (``KUBECONFIG`` read now: the
+    client library reads it once, when it is first imported)."""
+    import os
+
     from kubernetes import client, config
 
     try:
         config.load_incluster_config()
     except config.ConfigException:
-        config.load_kube_config()
+        config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
     return client.ApiClient()
 
 
