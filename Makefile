@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-SYSTEM_PACKAGES := redis-server chromium chromium-driver prometheus
+SYSTEM_PACKAGES := redis-server chromium chromium-driver prometheus wrk
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: install system demo test bench eval lint clean

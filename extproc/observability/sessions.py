@@ -7,10 +7,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..config import Model
+from ..core.saar import TOKENS_PER_PRICE_UNIT
 from ..types import Usage
 from .replay import Record
-
-TOKENS_PER_PRICE_UNIT = 1_000_000
 
 
 def turn_cost(model: Model, usage: Usage) -> float:

@@ -1,7 +1,10 @@
-"""The two request bodies the benchmark sends: a small chat turn and a long agent loop.
+"""The request bodies the benchmark sends: a small chat turn and long agent loops, and the
+small turn streamed.
 
-Sizes are exact (2 KB and 64 KB of JSON) so runs stay comparable; the agent body carries 30
-tool-call/tool-result turns because that is the shape the router parses hardest.
+Sizes are exact (2 KB to 1 MB of JSON) so runs stay comparable; the agent bodies carry 30
+tool-call/tool-result turns because that is the shape the router parses hardest. ``2kb-stream``
+is the small turn with ``"stream": true``: the answer comes back as SSE past the observe
+filter (the canned upstream streams when the request says so, see ``upstream.py``).
 """
 
 from __future__ import annotations
@@ -9,7 +12,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-SIZES = {"2kb": 2 * 1024, "64kb": 64 * 1024}
+SIZES = {"2kb": 2 * 1024, "64kb": 64 * 1024, "256kb": 256 * 1024, "1mb": 1024 * 1024,
+         "2kb-stream": 2 * 1024}
+STREAMED = frozenset({"2kb-stream"})
+DEFAULT_BODIES = ("2kb", "64kb", "256kb", "1mb", "2kb-stream")
 AGENT_TURNS = 30
 _WORDS = ("the", "parser", "module", "reads", "tokens", "and", "builds", "a", "tree", "for",
           "each", "file", "in", "the", "repo")
@@ -71,8 +77,11 @@ def _agent(model: str) -> dict[str, Any]:
 
 
 def body(name: str, model: str) -> bytes:
-    """The body ``name`` ("2kb" or "64kb") for ``model``, padded in the system prompt to size."""
-    doc = _chat(model) if name == "2kb" else _agent(model)
+    """The body ``name`` (a key of ``SIZES``) for ``model``, padded in the system prompt to
+    size."""
+    doc = _chat(model) if name.startswith("2kb") else _agent(model)
+    if name in STREAMED:
+        doc["stream"] = True
     raw = json.dumps(doc, separators=(",", ":")).encode()
     missing = SIZES[name] - len(raw)
     if missing < 0:

@@ -135,7 +135,10 @@ async def _connection(
                 writer.write(request)
                 head = await reader.readuntil(b"\r\n\r\n")
                 length = _content_length(head)
-                await reader.readexactly(length)
+                if length is None:
+                    await _read_chunks(reader)
+                else:
+                    await reader.readexactly(length)
             if sent >= start:
                 latencies.append(time.perf_counter() - sent)
                 non_200 += head[9:12] != b"200"
@@ -146,12 +149,27 @@ async def _connection(
     return non_200
 
 
-def _content_length(head: bytes) -> int:
+def _content_length(head: bytes) -> int | None:
+    """The body's length, or None for a chunked body (a streamed answer)."""
+    chunked = False
     for line in head.split(b"\r\n")[1:]:
         name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
+        name = name.strip().lower()
+        if name == b"content-length":
             return int(value)
+        chunked = chunked or (name == b"transfer-encoding" and b"chunked" in value.lower())
+    if chunked:
+        return None
     raise RuntimeError(f"response without content-length: {head[:200]!r}")
+
+
+async def _read_chunks(reader: asyncio.StreamReader) -> None:
+    """Read a chunked body to its last chunk (and the empty trailer line after it)."""
+    while True:
+        size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+        await reader.readexactly(size + 2)
+        if size == 0:
+            return
 
 
 async def run_python(load: Load) -> LoadResult:

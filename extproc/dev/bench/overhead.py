@@ -17,9 +17,9 @@ from typing import Any
 import yaml
 
 from ..harness import run_stack
-from .bodies import SIZES, body
+from .bodies import DEFAULT_BODIES, STREAMED, body
 from .load import Load, LoadResult, pick_client, run_load
-from .upstream import canned_upstream
+from .upstream import STREAM_HEADER, canned_upstream
 from .variants import STORES, TRANSFORMS, VARIANTS, pointed_at
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[3] / "config" / "example.yaml"
@@ -33,7 +33,7 @@ RPS_TARGET = 1500.0
 @dataclass(frozen=True)
 class Settings:
     variants: Sequence[str] = VARIANTS
-    bodies: Sequence[str] = tuple(SIZES)
+    bodies: Sequence[str] = DEFAULT_BODIES
     concurrencies: Sequence[int] = (1, 16)
     warmup_s: float = 1.0
     duration_s: float = 4.0
@@ -110,8 +110,10 @@ def run_overhead(config: dict[str, Any], settings: Settings) -> Report:
             ) as stack:
                 for name in settings.bodies:
                     for concurrency in settings.concurrencies:
+                        headers = {**HEADERS, **({STREAM_HEADER: "1"} if name in STREAMED
+                                                 else {})}
                         load = Load(f"{stack.url}/v1/chat/completions", body(name, model),
-                                    HEADERS, concurrency, settings.warmup_s, settings.duration_s)
+                                    headers, concurrency, settings.warmup_s, settings.duration_s)
                         cells.append(Cell(variant, name, concurrency, run_load(load, client)))
     return Report(client, settings.upstream, cells)
 

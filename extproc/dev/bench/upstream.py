@@ -1,5 +1,6 @@
 """The cheapest upstream we can put behind the proxy: a second Envoy answering every request with
-a canned chat completion, so the proxy path, not the model server, dominates the measurement.
+a canned chat completion — streamed as SSE when the request carries ``x-bench-stream`` — so the
+proxy path, not the model server, dominates the measurement.
 
 It buffers the whole request before answering: an HTTP/1.1 answer sent before the body ends
 would make the proxy close its upstream connection and reconnect on every request.
@@ -29,6 +30,25 @@ COMPLETION = {
     ],
     "usage": {"prompt_tokens": 512, "completion_tokens": 1, "total_tokens": 513},
 }
+STREAM_HEADER = "x-bench-stream"
+CHUNK = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 0,
+         "model": "qwen3-8b",
+         "choices": [{"index": 0, "delta": {"content": "ok"}, "finish_reason": None}]}
+LAST = {**CHUNK, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+        "usage": COMPLETION["usage"]}
+EVENTS = "".join(f"data: {orjson.dumps(e).decode()}\n\n" for e in (CHUNK, CHUNK, LAST))
+EVENTS += "data: [DONE]\n\n"
+
+
+def _canned(body: str, content_type: str, match: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "match": match,
+        "direct_response": {"status": 200, "body": {"inline_string": body}},
+        "response_headers_to_add": [{
+            "header": {"key": "content-type", "value": content_type},
+            "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+        }],
+    }
 
 
 def bootstrap(listen: int, admin: int) -> dict[str, Any]:
@@ -41,17 +61,13 @@ def bootstrap(listen: int, admin: int) -> dict[str, Any]:
             "virtual_hosts": [{
                 "name": "canned",
                 "domains": ["*"],
-                "routes": [{
-                    "match": {"prefix": "/"},
-                    "direct_response": {
-                        "status": 200,
-                        "body": {"inline_string": orjson.dumps(COMPLETION).decode()},
-                    },
-                }],
-                "response_headers_to_add": [{
-                    "header": {"key": "content-type", "value": "application/json"},
-                    "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
-                }],
+                "routes": [
+                    _canned(EVENTS, "text/event-stream", {
+                        "prefix": "/",
+                        "headers": [{"name": STREAM_HEADER, "present_match": True}]}),
+                    _canned(orjson.dumps(COMPLETION).decode(), "application/json",
+                            {"prefix": "/"}),
+                ],
             }],
         },
         "http_filters": [

@@ -12,13 +12,13 @@ from dataclasses import dataclass
 
 from ...apis import fingerprint
 from ...config import Model
+from ...observability.sessions import turn_cost
 from ...types import ResponseSummary, Usage
 from .oracle import Oracle
 
 CACHE_TTL_SECONDS = 600.0
 """How long an idle session prefix survives in a model's prefix cache under load."""
 
-TOKENS_PER_PRICE_UNIT = 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,17 +40,6 @@ class Answer:
     summary: ResponseSummary
     reasoning_blob: str | None
     cost_usd: float
-
-
-def turn_cost(model: Model, usage: Usage) -> float:
-    """Uncached input at the prompt price, cached input at the cached price, output at its own."""
-    price = model.pricing
-    uncached = usage.prompt_tokens - usage.cached_tokens
-    return (
-        uncached * price.prompt
-        + usage.cached_tokens * price.cached_input
-        + usage.completion_tokens * price.completion
-    ) / TOKENS_PER_PRICE_UNIT
 
 
 class Backend:

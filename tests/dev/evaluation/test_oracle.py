@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 
 from extproc.core.selection import HybridSelector
-from extproc.dev.evaluation.backend import CACHE_TTL_SECONDS, Backend, Reply, turn_cost
+from extproc.dev.evaluation.backend import CACHE_TTL_SECONDS, Backend, Reply
 from extproc.dev.evaluation.oracle import Carried, Oracle, Unsafe
 from extproc.dev.evaluation.policies import matrix_config
 from extproc.dev.evaluation.workloads import CORPUS, FOLLOWUPS, PHRASES
+from extproc.observability.sessions import turn_cost
 from extproc.types import Api, RequestSummary, Usage
 
 
