@@ -209,9 +209,15 @@ class Router:
                 raise SessionPaused(identity.key, retry_after=max(1, round(tick)))
             prompt = Prompt(summary, identity.key)
             owners = _owners(facts, state, identity)
+            cached: dict[str, int | None] = {}
+
+            def cached_tokens(model: str) -> int | None:
+                if model not in cached:
+                    cached[model] = self.pools.cached_tokens(prompt, model)
+                return cached[model]
+
             decision = self.engine.decide(
-                summary, identity, request.headers, state, owners,
-                lambda m: self.pools.cached_tokens(prompt, m),
+                summary, identity, request.headers, state, owners, cached_tokens
             )
             decided = time.perf_counter()
             bound = state.worker if state is not None and state.model == decision.model else None
@@ -222,6 +228,12 @@ class Router:
                 prompt, decision.model, identity.key, subset, bound=bound, pinned=pinned,
                 identity=identity,
             )
+            body = None
+            if decision.model != summary.model:
+                spans = request.spans
+                if peek_model(summary.raw, spans) != summary.model:  # an escaped duplicate
+                    spans = model_spans(summary.raw)
+                body = rewrite_model(summary.raw, decision.model, spans)
         except RoutingError as exc:
             self.metrics.errors.labels(exc.code).inc()
             raise
@@ -240,16 +252,10 @@ class Router:
         )
         self.replay.put(decision_record(replay_id, now, summary, identity, decision,
                                         placement, state, timings,
-                                        request.headers.get("traceparent")))
+                                        request.headers.get("traceparent"), cached))
         self.pools.started(placement, identity.key, summary.context_tokens)
         if placement.worker is not None:
             self.metrics.worker_picks.labels(decision.model, placement.worker).inc()
-        body = None
-        if decision.model != summary.model:
-            spans = request.spans
-            if peek_model(summary.raw, spans) != summary.model:  # an escaped duplicate key
-                spans = model_spans(summary.raw)
-            body = rewrite_model(summary.raw, decision.model, spans)
         self._count(summary.api, decision)
         self.metrics.decision_seconds.observe(time.perf_counter() - request.started)
         return Routed(
@@ -471,11 +477,13 @@ def decision_record(
     state: SessionRecord | None,
     timings: Timings | None = None,
     traceparent: str | None = None,
+    cached: Mapping[str, int | None] | None = None,
 ) -> dict[str, Any]:
     """The content-free replay record of one decision; ``memory`` is the session's record as
     the decision saw it (``previous_replay_id`` chains a session's records). It holds what
     ``saar replay what-if`` needs to decide the turn again (the matched decision and whether it
-    matched on content, a fingerprint of the provider state referenced), the core's timings,
+    matched on content, a fingerprint of the provider state referenced, the tokens SAAR's
+    pricing measured cached on each model's best worker), the core's timings,
     and the client's W3C ``traceparent`` when well formed (the service's span continues it)."""
     base = decision.base
     result = placement.result
@@ -531,6 +539,7 @@ def decision_record(
             "confidence": round(base.confidence, 4),
             "scores": {k: round(v, 4) for k, v in base.scores.items()},
         },
+        "cached_tokens": dict(cached or {}),
         "lock": decision.lock,
         "reset": decision.reset,
         "candidates": [

@@ -170,7 +170,9 @@ class WhatIf:
         owners = {k.split("/", 1)[1]: o for k, o in facts.owners.items()}
         self.selector.record = record
         try:
-            decision = self.engine.decide(summary, identity, {}, facts.session, owners)
+            measured = record.get("cached_tokens") or {}
+            decision = self.engine.decide(summary, identity, {}, facts.session, owners,
+                                          measured.get)
         except RoutingError:
             tally.turns += 1
             tally.refused += 1
