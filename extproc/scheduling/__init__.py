@@ -10,10 +10,12 @@ from .admission import AdmissionController, AdmissionTick
 from .affinity import SessionAffinityScorer
 from .cost import DynamoCost
 from .filters import HealthyFilter, SubsetFilter
+from .kv_hints import KvHint, KvHintEmitter
 from .picker import MaxScorePicker
 from .prefix_index import ApproximatePrefixIndex
 from .scheduler import Scheduler, from_config
 from .scorers import KvUtilizationScorer, PrefixScorer, QueueScorer
+from .session_prefix import SessionPrefixIndex
 from .sessions import ActiveSessionsScorer
 from .signals import Signals, parse_metrics
 from .types import (
@@ -36,6 +38,8 @@ __all__ = [
     "DynamoCost",
     "Filter",
     "HealthyFilter",
+    "KvHint",
+    "KvHintEmitter",
     "KvUtilizationScorer",
     "MaxScorePicker",
     "PickObserver",
@@ -48,6 +52,7 @@ __all__ = [
     "SchedulingRequest",
     "Scorer",
     "SessionAffinityScorer",
+    "SessionPrefixIndex",
     "Signals",
     "SubsetFilter",
     "Worker",

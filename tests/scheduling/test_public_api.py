@@ -9,16 +9,18 @@ def test_the_public_surface_is_pinned() -> None:
     assert sorted(scheduling.__all__) == [
         "ActiveSessionsScorer", "AdmissionController", "AdmissionTick", "ApproximatePrefixIndex",
         "DynamoCost", "Filter",
-        "HealthyFilter", "KvUtilizationScorer", "MaxScorePicker", "PickObserver", "Picker",
-        "PrefixIndex", "PrefixScorer", "QueueScorer", "ScheduleResult", "Scheduler",
-        "SchedulingRequest", "Scorer", "SessionAffinityScorer", "Signals", "SubsetFilter",
+        "HealthyFilter", "KvHint", "KvHintEmitter", "KvUtilizationScorer", "MaxScorePicker",
+        "PickObserver", "Picker", "PrefixIndex", "PrefixScorer", "QueueScorer", "ScheduleResult",
+        "Scheduler", "SchedulingRequest", "Scorer", "SessionAffinityScorer",
+        "SessionPrefixIndex", "Signals", "SubsetFilter",
         "Worker", "WorkerRegistry", "from_config", "load_workers_file", "parse_metrics",
     ]
 
 
 def test_the_core_imports_neither_grpc_nor_asyncio() -> None:
-    for name in ("admission", "affinity", "cost", "filters", "picker", "prefix_index",
-                 "scheduler", "scorers", "sessions", "signals", "types", "workers"):
+    for name in ("admission", "affinity", "cost", "filters", "kv_hints", "picker",
+                 "prefix_index", "scheduler", "scorers", "session_prefix", "sessions",
+                 "shared_pool", "signals", "types", "workers"):
         module = sys.modules[f"extproc.scheduling.{name}"]
         source = open(module.__file__ or "").read()  # noqa: SIM115
         assert "import asyncio" not in source and "grpc" not in source, name

@@ -414,7 +414,8 @@ async def test_metrics_models_health_state_reset(
     assert samples[("vllm:generation_tokens_total", model)] == 16
     success = (("finished_reason", "stop"), ("model_name", MODEL))
     assert samples[("vllm:request_success_total", success)] == 1
-    config = (("block_size", "16"), ("enable_prefix_caching", "True"), ("num_gpu_blocks", "2048"))
+    config = (("block_size", "16"), ("enable_prefix_caching", "True"), ("num_cpu_blocks", "0"),
+              ("num_gpu_blocks", "2048"))
     assert samples[("vllm:cache_config_info", config)] == 1
     assert all(violations(samples, kind) == 0 for kind in VIOLATION_KINDS)
     models = [m.id async for m in oai.models.list()]
@@ -426,7 +427,8 @@ async def test_metrics_models_health_state_reset(
     assert before["last_request_headers"]["content-type"] == "application/json"
     assert before["last_request_headers"]["authorization"] == "<redacted>"
     # The prompt alone fills no block; prompt plus the 16-token reply fills one.
-    assert before["cache"] == {"blocks": 1, "capacity": 2048, "usage": 1 / 2048}
+    assert before["cache"] == {"blocks": 1, "capacity": 2048, "usage": 1 / 2048, "cpu_blocks": 0,
+                               "cpu_capacity": 0}
     assert before["issued"] == {"tool_call": 0, "response": 0, "provider_state": 0}
     async with http.post(f"{sim.url}/admin/reset") as resp:
         after = await resp.json()
