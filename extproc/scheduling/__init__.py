@@ -2,8 +2,10 @@
 
 SAAR picks the model; this package picks the worker (a model server) that serves it, in the
 Gateway API Inference Extension shape: filters, weighted scorers and a picker, run by one
-``Scheduler`` that times and contains each plugin. Everything here is pure and synchronous
-(the precise index's ZMQ subscriber in ``kv_events`` is the one I/O piece, imported from there).
+``Scheduler`` that times and contains each plugin. Around it: the prefix indexes (approximate;
+precise with memory tiers and a shared pool, ``kv_events`` / ``shared_pool``), the
+session-prefix index and the KV hints admission drives. Everything here is pure and synchronous:
+the sockets that feed it and deliver its hints are the service's (``extproc.service``).
 """
 
 from .admission import AdmissionController, AdmissionTick
