@@ -324,6 +324,10 @@ class _WorkerView:
             self.engine.pop(engine_hash, None)
 
 
+_NO_VIEW = _WorkerView()
+"""What a worker that never reported looks like (read only)."""
+
+
 class PreciseKVIndex:
     """``PrefixIndex`` fed by the servers' KV events: a block counts while its worker reports
     it stored, on the device at full weight, in host memory or on disk at its tier's weight
@@ -383,8 +387,9 @@ class PreciseKVIndex:
 
     def overlap(self, worker: str, blocks: Sequence[int]) -> TierOverlap:
         view = self._views.get(worker)
-        held = {DEVICE: {}, CPU: {}, DISK: {}} if view is None else view.held
-        device, cpu, disk = held[DEVICE], held[CPU], held[DISK]
+        if view is None:
+            view = _NO_VIEW
+        device, cpu, disk = view.held[DEVICE], view.held[CPU], view.held[DISK]
         total = len(blocks)
         depth = 0
         while depth < total and blocks[depth] in device:

@@ -23,6 +23,8 @@ from .kv_subscriber import KVEventSubscriber, SharedPoolSubscriber, ZmqFeed
 log = logging.getLogger(__name__)
 
 WATCH_SECONDS = 1.0
+SHARED_POOL = "shared-pool"
+"""The shared pool's feed among the subscribers (keyed by worker address otherwise)."""
 
 
 class Background:
@@ -55,8 +57,9 @@ class Background:
         self._subscribe()
         pool, shared = self._router.pools.shared_pool, scheduling.prefix.shared_pool
         if pool is not None and shared.endpoint:
-            self._subscribers[""] = SharedPoolSubscriber(pool, shared.endpoint, shared.topic)
-            self._subscribers[""].start()
+            feed = SharedPoolSubscriber(pool, shared.endpoint, shared.topic)
+            self._subscribers[SHARED_POOL] = feed
+            feed.start()
 
     async def stop(self) -> None:
         for task in self._tasks:

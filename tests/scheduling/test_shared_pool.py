@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
 
 import msgpack
 import pytest
+import zmq
+import zmq.asyncio
 
 from extproc.scheduling.kv_events import (
     BlockRemoved,
@@ -22,6 +26,7 @@ from extproc.scheduling.shared_pool import (
     decode_store_frames,
     parse_seq_hash,
 )
+from extproc.service.kv_subscriber import SharedPoolSubscriber
 
 BS = 4
 ENGINE = [1001, 1002, 1003, 1004, 1005]
@@ -124,3 +129,32 @@ def test_the_subscriber_guide_array_form_and_bad_payloads() -> None:
                     msgpack.packb([1, [{"event_type": "stored", "seq_hashes": ["x"]}]])):
         with pytest.raises(KVEventDecodeError):
             decode_store_frames([b"", bytes(8), payload])
+
+
+async def test_the_feed_replays_the_recording_over_zmq_into_the_pool() -> None:
+    index, request = indexed()
+    pool = SharedKVPool(index)
+    context = zmq.asyncio.Context()
+    publisher = context.socket(zmq.PUB)
+    publisher.bind("tcp://127.0.0.1:*")
+    feed = SharedPoolSubscriber(pool, publisher.getsockopt_string(zmq.LAST_ENDPOINT))
+    feed.start()
+    try:
+        first, *rest = recorded()
+        deadline = time.monotonic() + 5.0
+        while pool.last_seq is None:  # PUB/SUB joins asynchronously: repeat the first batch
+            assert time.monotonic() < deadline, "the feed heard nothing"
+            await publisher.send_multipart(first)
+            await asyncio.sleep(0.02)
+        pool.last_seq = 1  # the repeats of batch 1 were the join, not a restart
+        for frames in rest[:2]:
+            await publisher.send_multipart(frames)
+        await publisher.send_multipart([b"", bytes(8), b"\xc1"])
+        while feed.errors == 0:
+            assert time.monotonic() < deadline, "the bad message never came"
+            await asyncio.sleep(0.01)
+        assert (pool.last_seq, len(pool), pool.resets) == (3, 4, 0), "1004 removed, back"
+        assert index.overlap("cold", request).shared == 4
+    finally:
+        await feed.stop()
+        context.destroy(linger=0)

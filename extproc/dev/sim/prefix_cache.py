@@ -103,10 +103,6 @@ class PrefixCache:
     def __contains__(self, block_hash: object) -> bool:
         return block_hash in self._blocks
 
-    def tier(self, block_hash: int) -> str | None:
-        """Where a block is: ``GPU``, ``CPU`` or nowhere (None)."""
-        return GPU if block_hash in self._blocks else CPU if block_hash in self._cpu else None
-
     @property
     def cpu_blocks(self) -> int:
         return len(self._cpu)
