@@ -20,6 +20,12 @@ def _serve(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     server = config.server
+    if args.grpc_port is not None and args.grpc_port != server.grpc_port:
+        logging.getLogger("saar").warning(
+            "--grpc-port %d differs from server.grpc_port %d in %s: an Envoy bootstrap "
+            "rendered from that config sends the ext_proc streams to %d (render it with "
+            "`saar envoy-config --processor-port %d`)", args.grpc_port, server.grpc_port,
+            args.config, server.grpc_port, args.grpc_port)
     if args.grpc_port is not None:
         server = replace(server, grpc_port=args.grpc_port)
     if args.http_port is not None:
@@ -49,7 +55,7 @@ def _envoy_config(args: argparse.Namespace) -> int:
         listen=args.listen_port,
         admin=args.admin_port,
         processor_host=args.processor_host,
-        processor_port=config.server.grpc_port,
+        processor_port=args.processor_port or config.server.grpc_port,
         listen_host=args.listen_host,
     )
     sys.stdout.write(render(config, ports))
@@ -175,7 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run the ext_proc server")
     serve.add_argument("--config", required=True)
-    serve.add_argument("--grpc-port", type=int)
+    serve.add_argument("--grpc-port", type=int,
+                       help="instead of server.grpc_port (warns: Envoy's bootstrap must agree)")
     serve.add_argument("--http-port", type=int)
     serve.add_argument("--health-port", type=int,
                        help="plaintext gRPC health only (kubelet probes), beside a TLS port")
@@ -191,10 +198,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     envoy = sub.add_parser("envoy-config", help="print the Envoy bootstrap for a config")
     envoy.add_argument("--config", required=True)
-    envoy.add_argument("--listen-port", type=int, default=10000)
-    envoy.add_argument("--listen-host", default="0.0.0.0")
-    envoy.add_argument("--admin-port", type=int, default=9901)
-    envoy.add_argument("--processor-host", default="127.0.0.1")
+    envoy.add_argument("--listen-port", type=int, default=10000,
+                       help="the port clients call (default 10000)")
+    envoy.add_argument("--listen-host", default="127.0.0.1",
+                       help="the address clients call (default 127.0.0.1; 0.0.0.0 for all)")
+    envoy.add_argument("--admin-port", type=int, default=9901,
+                       help="Envoy's admin port, always on 127.0.0.1 (default 9901)")
+    envoy.add_argument("--processor-host", default="127.0.0.1",
+                       help="where saar serve runs (default 127.0.0.1)")
+    envoy.add_argument("--processor-port", type=int, default=None,
+                       help="its gRPC port (default: the config's server.grpc_port; give the "
+                       "same as saar serve --grpc-port)")
     envoy.set_defaults(func=_envoy_config)
 
     replay = sub.add_parser("replay", help="look up replay records")

@@ -208,6 +208,14 @@ class Identity:
 @dataclass(frozen=True, config=_SCHEMA)
 class Limits:
     max_body_bytes: Annotated[StrictInt, Field(ge=1, le=1 << 30)] = 8 * 1024 * 1024
+    large_body_bytes: AtLeastOne = 1024 * 1024
+    """A body this large (by content-length, else as it arrived) is a large body."""
+    large_bodies_per_tenant: AtLeastOne = 2
+    """Large bodies of one tenant read and routed at a time; more wait, then get 429."""
+    large_body_wait_seconds: Annotated[Number, Field(ge=0, le=50)] = 5.0
+    """How long a tenant's further large body waits for its turn (0: 429 at once)."""
+    parse_thread_bytes: Count = 256 * 1024
+    """Bodies at least this large are parsed on a worker thread, off the event loop (0: never)."""
 
 
 @dataclass(frozen=True, config=_SCHEMA)
@@ -235,10 +243,14 @@ class State:
 
 @dataclass(frozen=True, config=_SCHEMA)
 class Health:
-    """A model with this many consecutive 5xx answers is taken out for the cooldown."""
+    """A model with this many consecutive 502/503/504/529 answers is taken out for the
+    cooldown."""
 
     failure_threshold: AtLeastOne = 3
     cooldown_seconds: Positive = 5.0
+    locked_hold_seconds: Annotated[Number, Field(ge=0, le=50)] = 10.0
+    """A request a hard lock binds to a model that is taken out waits at the processor this
+    long at most for the model to come back (0: answer 503 at once)."""
 
 
 @dataclass(frozen=True, config=_SCHEMA)

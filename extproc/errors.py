@@ -6,12 +6,21 @@
     ├── ContextTooLong     400   the context fits no candidate model's window
     ├── BodyTooLarge       413   body over ``limits.max_body_bytes``
     ├── UnknownModel       404   model is neither a logical nor a physical model
+    ├── PathNotFound       404   a POST under /v1/ that is no API the router serves or passes
     ├── RateLimited        429   load shedding (carries Retry-After)
-    │   └── SessionPaused  429   admission paused the session (held, or answered with this)
-    └── ModelUnavailable   503   the model a session is locked to has no backend (Retry-After)
+    │   ├── SessionPaused  429   admission paused the session (held, or answered with this)
+    │   └── TenantBusy     429   the tenant has its share of large bodies in flight
+    └── ModelUnavailable   503   no backend for the model (Retry-After)
+        └── LockedModelDown 503  the model a session is locked to is down (held, then this)
+
+``document`` is the one place that shapes an error body: the processor's answers use it, and
+the Envoy bootstrap renders Envoy's own local replies (processor down, upstream unreachable,
+over the buffer) with it, so a client sees its API's JSON error either way.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import orjson
 
@@ -31,6 +40,24 @@ _OPENAI_TYPES = {
 }
 
 
+def error_type(style: str, status: int) -> str:
+    """The ``error.type`` a client of ``style`` expects for ``status``."""
+    if style == "anthropic":
+        return _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else
+                                    "invalid_request_error")
+    return _OPENAI_TYPES.get(status, "server_error" if status >= 500 else
+                             "invalid_request_error")
+
+
+def document(style: str, status: int, code: str, message: str) -> dict[str, Any]:
+    """An error body as the client's SDK reads it: Anthropic's ``{"type": "error", "error":
+    {type, message}}`` or OpenAI's ``{"error": {message, type, param, code}}``."""
+    kind = error_type(style, status)
+    if style == "anthropic":
+        return {"type": "error", "error": {"type": kind, "message": message}}
+    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+
+
 SHOWN_CHARS = 128
 
 
@@ -48,21 +75,19 @@ class RoutingError(Exception):
         super().__init__(message)
         self.message = message
         self.retry_after = retry_after
+        self.replay_id: str | None = None
+        """The replay record of the decision this error answers, when one was recorded."""
 
     def body(self, style: str) -> bytes:
         """The error as the client's SDK expects to read it (``openai`` or ``anthropic``)."""
-        if style == "anthropic":
-            kind = _ANTHROPIC_TYPES.get(self.status, "api_error")
-            return orjson.dumps({"type": "error", "error": {"type": kind, "message": self.message}})
-        kind = _OPENAI_TYPES.get(self.status, "server_error")
-        return orjson.dumps(
-            {"error": {"message": self.message, "type": kind, "param": None, "code": self.code}}
-        )
+        return orjson.dumps(document(style, self.status, self.code, self.message))
 
     def headers(self) -> dict[str, str]:
         out = {"content-type": "application/json"}
         if self.retry_after is not None:
             out["retry-after"] = str(self.retry_after)
+        if self.replay_id is not None:
+            out["x-replay-id"] = self.replay_id
         return out
 
 
@@ -93,14 +118,39 @@ class UnknownModel(RoutingError):
     code = "model_not_found"
 
 
+class PathNotFound(RoutingError):
+    """An LLM-looking POST (under ``/v1/``) to no API the router serves or passes through:
+    never forwarded to a default cluster without the body limit, the locks and admission."""
+
+    status = 404
+    code = "path_not_found"
+
+
 class RateLimited(RoutingError):
     status = 429
     code = "rate_limited"
 
 
+class TenantBusy(RateLimited):
+    """The tenant already has its share of large bodies being read and routed."""
+
+    code = "tenant_busy"
+
+
 class ModelUnavailable(RoutingError):
     status = 503
     code = "model_unavailable"
+
+
+class LockedModelDown(ModelUnavailable):
+    """The model a hard lock binds the request to is taken out by model health: the request
+    is held until the model comes back (at most ``health.locked_hold_seconds``), then
+    answered with this. ``decision`` is the lock's decision, recorded for the replay."""
+
+    def __init__(self, message: str, *, model: str, decision: Any, retry_after: int) -> None:
+        super().__init__(message, retry_after=retry_after)
+        self.model = model
+        self.decision = decision
 
 
 class SessionPaused(RateLimited):

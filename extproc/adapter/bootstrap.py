@@ -13,11 +13,14 @@ from typing import Any
 import yaml
 
 from ..config import Config
+from ..errors import document
 from .contract import (
     DESTINATION_HEADER,
     DIAGNOSTIC_HEADERS,
+    ERROR_KEY,
     LB_NAMESPACE,
     METADATA_NAMESPACE,
+    MODEL_RETRIES,
     OBSERVE_FILTER,
     OBSERVE_HEADER,
     OBSERVER,
@@ -31,6 +34,26 @@ from .contract import (
 EXT_PROC = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
 HTTP_OPTIONS = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 BUFFER_LIMIT = 32 * 1024 * 1024
+ROUTER_DOWN_RETRY_AFTER = 2
+"""Seconds a client is told to wait when the processor cannot be reached (a restart takes
+about two: the SDKs' two default retries then span it)."""
+ANTHROPIC_PATHS = "/v1/messages"
+
+LOCAL_REPLIES: tuple[tuple[int, int, str, str], ...] = (
+    # Envoy's status, the status sent, the code, the message (Envoy's own text substituted).
+    (413, 413, "body_too_large",
+     f"the request body is over the proxy's buffer limit of {BUFFER_LIMIT} bytes"),
+    (500, 503, "router_unavailable",
+     "the router could not be reached; the request was not sent to a model, retry shortly"),
+    (503, 503, "upstream_unavailable",
+     "no model server answered: %LOCAL_REPLY_BODY%"),
+    (504, 504, "upstream_timeout", "the model server did not answer in time: %LOCAL_REPLY_BODY%"),
+)
+"""Errors Envoy makes itself, as the clients' SDKs expect them (``local_reply_config``): by
+status, in Anthropic's format on its paths and for its SDK, OpenAI's elsewhere. A 500 of
+Envoy's own is the routing filter failing closed (the processor down or restarting): it
+becomes a 503 with ``Retry-After``. Every other local error keeps its status, in the same
+shapes (code ``proxy_error``)."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +82,12 @@ def bootstrap(
         "http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": "ingress",
         "codec_type": "AUTO",
+        # One spelling per path before any filter (the processor canonicalises the same way):
+        # //v1, /v1/./chat, %2F never reach a default cluster as something unrecognised.
+        "normalize_path": True,
+        "merge_slashes": True,
+        "path_with_escaped_slashes_action": "UNESCAPE_AND_FORWARD",
+        "local_reply_config": local_reply_config(),
         "route_config": {
             "name": "models",
             "virtual_hosts": [
@@ -82,14 +111,14 @@ def bootstrap(
                                     {"name": OBSERVE_HEADER, "present_match": True},
                                 ],
                             },
-                            "route": {"cluster_header": cluster_header, "timeout": "0s"},
+                            "route": _model_route(cluster_header),
                         },
                         {
                             "match": {
                                 "prefix": "/",
                                 "headers": [{"name": cluster_header, "present_match": True}],
                             },
-                            "route": {"cluster_header": cluster_header, "timeout": "0s"},
+                            "route": _model_route(cluster_header),
                             "typed_per_filter_config": _observe_off(),
                         },
                         {
@@ -133,6 +162,78 @@ def bootstrap(
             ],
         },
     }
+
+
+def _model_route(cluster_header: str) -> dict[str, Any]:
+    """A routed model request: no timeout (an answer may take minutes), retried by Envoy."""
+    return {"cluster_header": cluster_header, "timeout": "0s", "retry_policy": retry_policy()}
+
+
+def retry_policy() -> dict[str, Any]:
+    """Ride out a worker's short outage before the client sees it. Retried: a connection that
+    fails or is reset before the answer's headers, and 502 / 503 / 529 (the answers model
+    health counts as unavailable, less 504: a timed-out generation is too dear to redo).
+    Never after the answer started — Envoy forwards the headers of an attempt that answered,
+    and a streamed answer is past the point of retry from its first byte. No per-try
+    timeout: a non-streamed answer's headers come only after its whole generation, so one
+    would cut and re-run healthy long answers. Each attempt goes to the next host of the
+    processor's pick (its fallbacks); a hard lock lists its issuer once per attempt."""
+    return {
+        "retry_on": "connect-failure,refused-stream,reset,retriable-status-codes",
+        "retriable_status_codes": [502, 503, 529],
+        "num_retries": MODEL_RETRIES,
+        "retry_back_off": {"base_interval": "0.1s", "max_interval": "1s"},
+    }
+
+
+def local_reply_config() -> dict[str, Any]:
+    """Mappers for the errors Envoy makes itself; the processor's own (marked with
+    ``saar.error`` metadata) are left as they are — the first mapper matches them and
+    rewrites nothing."""
+    ours = {"metadata_filter": {
+        "matcher": {"filter": METADATA_NAMESPACE, "path": [{"key": ERROR_KEY}],
+                    "value": {"present_match": True}},
+        "match_if_key_not_found": False}}
+    anthropic = {"or_filter": {"filters": [
+        {"header_filter": {"header": {"name": ":path",
+                                      "string_match": {"prefix": ANTHROPIC_PATHS}}}},
+        {"header_filter": {"header": {"name": "anthropic-version", "present_match": True}}},
+    ]}}
+    mappers: list[dict[str, Any]] = [{"filter": ours}]
+    for style, match in (("anthropic", anthropic), ("openai", None)):
+        for status, sent, code, message in LOCAL_REPLIES:
+            mappers.append(_mapper(style, match, _status("EQ", status), status, sent, code,
+                                   message))
+        for floor in (500, 400):  # the rest, keeping their status
+            mappers.append(_mapper(style, match, _status("GE", floor), floor, floor,
+                                   "proxy_error", "%LOCAL_REPLY_BODY% (%RESPONSE_CODE_DETAILS%)"))
+    return {"mappers": mappers}
+
+
+def _status(op: str, status: int) -> dict[str, Any]:
+    return {"status_code_filter": {"comparison": {"op": op, "value": {
+        "default_value": status, "runtime_key": f"saar.local_reply.{op.lower()}_{status}"}}}}
+
+
+def _mapper(style: str, match: dict[str, Any] | None, test: dict[str, Any], status: int,
+            sent: int, code: str, message: str) -> dict[str, Any]:
+    """Local replies matching ``test`` (and ``match``, when given) as ``style``'s error body
+    for ``sent`` (sent instead of ``status`` when they differ)."""
+    mapper: dict[str, Any] = {
+        "filter": test if match is None else {"and_filter": {"filters": [match, test]}},
+        "body_format_override": {
+            "json_format": document(style, sent, code, message),
+            "content_type": "application/json",
+        },
+    }
+    if sent != status:
+        mapper["status_code"] = sent
+    if code == "router_unavailable":
+        mapper["headers_to_add"] = [
+            _add_header("retry-after", str(ROUTER_DOWN_RETRY_AFTER)),
+            _add_header("x-should-retry", "true"),
+        ]
+    return mapper
 
 
 def _observe_off() -> dict[str, Any]:
@@ -318,6 +419,10 @@ def _model_cluster(name: str, endpoints: tuple[str, ...]) -> dict[str, Any]:
         "type": _discovery(endpoints),
         "connect_timeout": "1s",
         "per_connection_buffer_limit_bytes": BUFFER_LIMIT,
+        # Retries in flight at once: a quarter of the requests in flight, at least 8 (the
+        # default of 3 would fail the rest of a burst's retries at once).
+        "circuit_breakers": {"thresholds": [{"retry_budget": {
+            "budget_percent": {"value": 25.0}, "min_retry_concurrency": 8}}]},
         "load_assignment": _endpoints(name, endpoints),
         "load_balancing_policy": _override_host_policy(),
     }

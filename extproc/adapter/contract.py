@@ -43,6 +43,9 @@ METADATA_NAMESPACE = "saar"
 complete the turn on any replica (Envoy forwards it to the observe filter)."""
 TURN_KEY = "turn"
 API_KEY = "api"
+ERROR_KEY = "error"
+"""Set (to the error's code) with every immediate response the processor sends: Envoy's local
+reply mappers leave those bodies alone and rewrite only the errors Envoy makes itself."""
 LB_NAMESPACE = "envoy.lb"
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 
@@ -52,6 +55,10 @@ ATTRIBUTES_NAMESPACE = "envoy.filters.http.ext_proc"
 UPSTREAM_ATTRIBUTE = "upstream.address"
 
 # -- filters and clusters ------------------------------------------------------------------
+
+MODEL_RETRIES = 3
+"""Envoy's retries of a model request (connect failure, reset, 502/503/529) before the answer
+starts; a request a hard lock pins to its issuer lists that worker once per attempt."""
 
 ROUTING_FILTER = "saar"
 OBSERVE_FILTER = "saar-observe"

@@ -2,24 +2,37 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
+import weakref
 from collections.abc import AsyncIterator
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from google.protobuf import duration_pb2
+from prometheus_client import CollectorRegistry, Counter
 
 from ..core.router import Router
 from ..errors import RoutingError
 from ..state.layer import StateLayer
+from .gate import LargeBodies, ParseThread
 from .stream import ExtProcStream, Hold, StreamOptions, error_response
 
 log = logging.getLogger(__name__)
 
-HOLD_POLL_SECONDS = 0.05
+_HOLDS: weakref.WeakKeyDictionary[CollectorRegistry, Counter] = weakref.WeakKeyDictionary()
+
+
+def holds_counter(registry: CollectorRegistry) -> Counter:
+    """``saar_holds_total{kind,outcome}`` in ``registry`` (made once per registry)."""
+    counter = _HOLDS.get(registry)
+    if counter is None:
+        counter = _HOLDS[registry] = Counter(
+            "saar_holds", "Requests held at the processor, by kind (paused, locked, "
+            "large_body) and how the hold ended (ready, timeout)", ["kind", "outcome"],
+            registry=registry)
+    return counter
 
 
 class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
@@ -30,39 +43,43 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
         self._state = state
         self._options = options or StreamOptions(router.config.routing.model_header,
                                                  router.config.scheduling.pool_name)
+        limits = router.config.limits
+        self.bodies = LargeBodies(limits.large_body_bytes, limits.large_bodies_per_tenant,
+                                  limits.large_body_wait_seconds)
+        self._parser = ParseThread()
+        self._holds = holds_counter(router.metrics.registry)
+
+    def close(self) -> None:
+        """Stop the parse thread (the service is stopping)."""
+        self._parser.close()
 
     async def _held(self, hold: Hold) -> bool:
-        """Wait until admission resumes the session (True) or the hold times out (False). No
-        request in flight is touched: only this one, not yet sent upstream, waits."""
-        admission = self._router.pools.admission
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + hold.timeout
-        while admission.is_paused(hold.session_key):
-            if loop.time() >= deadline:
-                self._router.metrics.held_requests.labels("timeout").inc()
-                return False
-            await asyncio.sleep(HOLD_POLL_SECONDS)
-        self._router.metrics.held_requests.labels("resumed").inc()
-        return True
+        """Wait for what the hold waits for; count how it ended."""
+        ready = await hold.wait()
+        self._holds.labels(hold.kind, "ready" if ready else "timeout").inc()
+        if hold.kind == "paused":  # admission's own figure, as before
+            self._router.metrics.held_requests.labels("resumed" if ready else "timeout").inc()
+        return ready
 
     async def Process(
         self,
         request_iterator: AsyncIterator[ep.ProcessingRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[ep.ProcessingResponse]:
-        stream = ExtProcStream(self._router, self._state, self._options)
+        stream = ExtProcStream(self._router, self._state, self._options,
+                               bodies=self.bodies, parser=self._parser)
         try:
             async for request in request_iterator:
                 try:
                     reply = await stream.handle(request)
-                    if isinstance(reply, Hold):
-                        # Tell Envoy to wait longer for this message, then wait for the resume.
+                    while isinstance(reply, Hold):
+                        # Tell Envoy to wait longer for this message, then wait.
                         yield ep.ProcessingResponse(
                             override_message_timeout=duration_pb2.Duration(
                                 seconds=math.ceil(reply.timeout) + 1
                             )
                         )
-                        reply = await stream.resume(admit_paused=not await self._held(reply))
+                        reply = await stream.resume(reply, await self._held(reply))
                 except Exception:
                     log.exception("ext_proc message failed")
                     self._router.metrics.stream_failures.inc()
@@ -70,7 +87,7 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
                         continue
                     reply = error_response(
                         RoutingError("the router failed on this request; see its logs"),
-                        stream.api,
+                        stream.style,
                     )
                 if isinstance(reply, ep.ProcessingResponse):
                     yield reply

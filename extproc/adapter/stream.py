@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
 
@@ -38,19 +38,32 @@ from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 
 from ..apis import ResponseObserver
-from ..core.router import Request, Routed, Router, api_for, issued, outcome_of
-from ..errors import BodyTooLarge, MalformedRequest, RoutingError, SessionPaused
+from ..core.paths import classify, error_style
+from ..core.refusals import record_refusal
+from ..core.router import Request, Routed, Router, issued, outcome_of
+from ..errors import (
+    BodyTooLarge,
+    LockedModelDown,
+    MalformedRequest,
+    PathNotFound,
+    RoutingError,
+    SessionPaused,
+    TenantBusy,
+    shown,
+)
 from ..state.layer import StateLayer
 from ..state.records import Commit, Turn
 from ..state.store import Facts, Write
-from ..types import Api, ResponseSummary
+from ..types import Action, Api, ResponseSummary
 from .contract import (
     API_KEY,
     ATTRIBUTES_NAMESPACE,
     DESTINATION_HEADER,
     DIAGNOSTIC_PREFIX,
+    ERROR_KEY,
     LB_NAMESPACE,
     METADATA_NAMESPACE,
+    MODEL_RETRIES,
     OBSERVE_HEADER,
     PICK_HEADER,
     SERVED_KEY,
@@ -59,6 +72,7 @@ from .contract import (
     TURN_KEY,
     UPSTREAM_ATTRIBUTE,
 )
+from .gate import LargeBodies, ParseThread
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +84,8 @@ _BUFFER_RESPONSE = pm.ProcessingMode(response_body_mode=pm.ProcessingMode.BUFFER
 _DUPLEX = pm.ProcessingMode.FULL_DUPLEX_STREAMED
 CHUNK_BYTES = 62_000
 """Streamed body chunks sent back stay under the 64 KiB some proxies allow per message."""
+HOLD_POLL_SECONDS = 0.05
+SERVED_APIS = "POST /v1/chat/completions, /v1/responses and /v1/messages"
 
 Reply: TypeAlias = ep.ProcessingResponse | Sequence[ep.ProcessingResponse]
 """What one message is answered with: one response, or (full duplex) several in order."""
@@ -107,8 +123,15 @@ def _continue_headers(remove: list[str]) -> ep.CommonResponse:
     return common
 
 
-def error_response(error: RoutingError, api: Api | None) -> ep.ProcessingResponse:
-    style = api.error_style if api else "openai"
+def error_response(error: RoutingError, style: str = "openai") -> ep.ProcessingResponse:
+    """An immediate response in the client's format (``openai`` or ``anthropic``). It carries
+    ``saar.error`` metadata, so Envoy's local reply mappers leave it as it is, and the replay id
+    of the decision it answers, when one was recorded."""
+    metadata = struct_pb2.Struct()
+    values = {ERROR_KEY: error.code}
+    if error.replay_id is not None:
+        values["replay_id"] = error.replay_id
+    _set_strings(metadata, METADATA_NAMESPACE, values)
     return ep.ProcessingResponse(
         immediate_response=ep.ImmediateResponse(
             status=http_status_pb2.HttpStatus(code=error.status),
@@ -117,7 +140,8 @@ def error_response(error: RoutingError, api: Api | None) -> ep.ProcessingRespons
             ),
             body=error.body(style),
             details=f"saar_{error.code}",
-        )
+        ),
+        dynamic_metadata=metadata,
     )
 
 
@@ -181,9 +205,13 @@ def _routing(
     _set_strings(metadata, METADATA_NAMESPACE, values)
     if routed.workers:
         # The Gateway API Inference Extension's contract: the pick in the header, the pick and
-        # its fallbacks (for Envoy's retries) in envoy.lb metadata.
+        # its fallbacks (for Envoy's retries) in envoy.lb metadata. Each attempt takes the next
+        # host of the list: a hard lock's retries stay with the worker that issued its state.
+        workers = routed.workers
+        if routed.diagnostics.get("x-saar-action") == Action.LOCKED_KEEP.value:
+            workers = (workers[0],) * (MODEL_RETRIES + 1)
         headers.append(_header(DESTINATION_HEADER, routed.workers[0]))
-        _set_strings(metadata, LB_NAMESPACE, {DESTINATION_HEADER: ",".join(routed.workers)})
+        _set_strings(metadata, LB_NAMESPACE, {DESTINATION_HEADER: ",".join(workers)})
     common.header_mutation.set_headers.extend(headers)
     return common, metadata
 
@@ -206,10 +234,18 @@ def _set_strings(metadata: struct_pb2.Struct, namespace: str, values: dict[str, 
 
 @dataclass(frozen=True, slots=True)
 class Hold:
-    """The request belongs to a session admission paused: the servicer waits, then resumes."""
+    """Answer this message later. The servicer tells Envoy to wait up to ``timeout`` longer
+    (``override_message_timeout``), awaits ``wait()`` (True: what was waited for happened),
+    then answers with ``stream.resume(hold, ready)``. Nothing sent upstream is touched: only
+    this request, not yet forwarded, waits.
 
-    session_key: str
+    Kinds: ``paused`` (admission paused the session), ``locked`` (a hard lock's model is taken
+    out by model health), ``large_body`` (the tenant's large-body slots are busy)."""
+
+    kind: str
     timeout: float
+    wait: Callable[[], Awaitable[bool]]
+    then: Callable[[bool], Awaitable[Reply]]
 
 
 def _upstream(message: ep.ProcessingRequest) -> str | None:
@@ -263,11 +299,24 @@ class ExtProcStream:
     """One ext_proc stream (one HTTP request seen by one filter), driven message by message."""
 
     def __init__(
-        self, router: Router, state: StateLayer, options: StreamOptions | None = None
+        self, router: Router, state: StateLayer, options: StreamOptions | None = None, *,
+        bodies: LargeBodies | None = None, parser: ParseThread | None = None,
     ) -> None:
+        """``bodies`` bounds each tenant's large bodies in flight; ``parser`` takes the parse
+        of large bodies off the event loop (both off without them: tests, tools)."""
         self._router = router
         self._state = state
         self._options = options or StreamOptions()
+        self._bodies = bodies
+        self._parser = parser
+        self._slot: str | None = None
+        """The tenant whose large-body slot this stream holds."""
+        self._style = "openai"
+        self._rewrite: str | None = None
+        """The canonical ``:path`` of a variant of an API's path."""
+        self._request: Request | None = None
+        self._refused: tuple[Request, Facts] | None = None
+        self._held_locked = False
         self._headers: dict[str, str] = {}
         self._subset: frozenset[str] | None = None
         self._body: bytes = b""
@@ -298,6 +347,11 @@ class ExtProcStream:
     @property
     def api(self) -> Api | None:
         return self._api
+
+    @property
+    def style(self) -> str:
+        """The error format of this request's client (``openai`` or ``anthropic``)."""
+        return self._style
 
     @property
     def duplex(self) -> bool:
@@ -332,23 +386,44 @@ class ExtProcStream:
                 if self._duplex_response:
                     return await self._on_streamed_response_body(request.response_body)
                 return await self._on_response_body(request.response_body)
-        except SessionPaused as exc:
-            admission = self._router.config.scheduling.admission
-            if admission.on_paused == "hold":
-                return Hold(exc.session_key, admission.hold_timeout_seconds)
-            return error_response(exc, self._api)
         except RoutingError as exc:
-            return error_response(exc, self._api)
+            return self._failed(exc, admit_paused=False)
         return _passthrough(kind)
 
-    async def resume(self, *, admit_paused: bool) -> Reply:
-        """Route the held body again: the session was resumed, or the hold timed out."""
+    async def resume(self, hold: Hold, ready: bool) -> Reply | Hold:
+        """The answer a hold was waiting to give (``ready``: what it waited for happened), or
+        another hold (a resumed session whose locked model is down)."""
         try:
-            if self._waiting:
-                return await self._route_gathered(admit_paused=admit_paused)
-            return await self._route(admit_paused=admit_paused)
+            return await hold.then(ready)
         except RoutingError as exc:
-            return error_response(exc, self._api)
+            return self._failed(exc, admit_paused=hold.kind == "paused" and not ready)
+
+    def _failed(self, exc: RoutingError, *, admit_paused: bool) -> Reply | Hold:
+        """A routing error: hold the request where a hold can help, else answer it."""
+        if isinstance(exc, SessionPaused):
+            admission = self._router.config.scheduling.admission
+            if admission.on_paused == "hold":
+                paused = self._router.pools.admission.is_paused
+                key = exc.session_key
+                return Hold("paused", admission.hold_timeout_seconds,
+                            lambda: _until(lambda: not paused(key),
+                                           admission.hold_timeout_seconds),
+                            lambda ready: self._route_again(admit_paused=not ready))
+        if isinstance(exc, LockedModelDown):
+            seconds = self._router.config.health.locked_hold_seconds
+            if not self._held_locked and seconds > 0:
+                self._held_locked = True
+                available, model = self._router.health.available, exc.model
+                return Hold("locked", seconds, lambda: _until(lambda: available(model), seconds),
+                            lambda ready: self._route_again(admit_paused=admit_paused))
+            if self._refused is not None and exc.replay_id is None:
+                record_refusal(self._router, *self._refused, exc)
+        return error_response(exc, self._style)
+
+    async def _route_again(self, *, admit_paused: bool) -> Reply:
+        if self._waiting:
+            return await self._route_gathered(admit_paused=admit_paused)
+        return await self._route(admit_paused=admit_paused)
 
     @property
     def observed(self) -> bool:
@@ -362,6 +437,7 @@ class ExtProcStream:
         its terminal event finishes the turn with what it did see."""
         if self._prefetch is not None:
             self._prefetch.cancel()
+        self._release()
         if self._observing:
             if not self._finished:
                 self._finish_observed()
@@ -396,10 +472,19 @@ class ExtProcStream:
             ).inc()
         return names
 
-    def _on_request_headers(self, message: ep.HttpHeaders) -> ep.ProcessingResponse | None:
+    def _on_request_headers(
+        self, message: ep.HttpHeaders
+    ) -> ep.ProcessingResponse | Hold | None:
         self._headers = _headers_dict(message)
         remove = self._spoofed()
-        self._api = api_for(self._headers.get(":method", ""), self._headers.get(":path", ""))
+        method, path = self._headers.get(":method", ""), self._headers.get(":path", "")
+        found = classify(method, path)
+        self._api = found.api
+        self._style = self._api.error_style if self._api else error_style(path, self._headers)
+        if found.unknown:
+            self._router.metrics.errors.labels(PathNotFound.code).inc()
+            raise PathNotFound(f"Invalid URL ({shown(method, 16)} {shown(path)}): this router "
+                               f"serves {SERVED_APIS}")
         if self._api is None:
             reply = ep.ProcessingResponse(
                 request_headers=ep.HeadersResponse(response=_continue_headers(remove))
@@ -409,6 +494,7 @@ class ExtProcStream:
             return reply
         if message.end_of_stream:
             raise MalformedRequest("request has no body; a JSON body with a model is required")
+        self._rewrite = found.path
         query = self._router.prefetch(self._headers)
         if query is not None:
             self._prefetch = self._state.prefetch(query)
@@ -418,15 +504,67 @@ class ExtProcStream:
             self._waiting = True
             self._remove = remove
             return None
-        return ep.ProcessingResponse(
-            request_headers=ep.HeadersResponse(response=_continue_headers(remove))
-        )
+        common = _continue_headers(remove)
+        if found.path is not None:
+            common.header_mutation.set_headers.append(_header(":path", found.path))
+            common.clear_route_cache = True
+        reply = ep.ProcessingResponse(request_headers=ep.HeadersResponse(response=common))
+        length = self._headers.get("content-length", "")
+        if length.isdigit():
+            hold = self._admit(int(length), lambda: _ready(reply))
+            if hold is not None:
+                return hold
+        return reply
 
-    async def _on_request_body(self, message: ep.HttpBody) -> ep.ProcessingResponse:
+    async def _on_request_body(self, message: ep.HttpBody) -> ep.ProcessingResponse | Hold:
         if self._api is None:
             return _passthrough("request_body")
         self._body = message.body
+        hold = self._admit(len(self._body), lambda: self._route(admit_paused=False))
+        if hold is not None:
+            return hold
         return await self._route(admit_paused=False)
+
+    # -- large bodies ----------------------------------------------------------------------
+
+    def _admit(self, size: int, go: Callable[[], Awaitable[Reply]]) -> Hold | None:
+        """A large body takes one of its tenant's slots: now (None), after a wait (a hold
+        whose answer is ``go()``), or not at all (429)."""
+        bodies = self._bodies
+        if bodies is None or self._slot is not None or not bodies.large(size):
+            return None
+        tenant = self._router.identity.tenant(self._headers)
+        entered = bodies.enter(tenant)
+        if entered:
+            self._slot = tenant
+            return None
+        if entered is False:
+            raise self._busy()
+
+        async def wait() -> bool:
+            if await bodies.wait(tenant):
+                self._slot = tenant
+                return True
+            return False
+
+        async def then(ready: bool) -> Reply:
+            if not ready:
+                raise self._busy()
+            return await go()
+
+        return Hold("large_body", bodies.wait_seconds, wait, then)
+
+    def _busy(self) -> TenantBusy:
+        self._router.metrics.errors.labels(TenantBusy.code).inc()
+        assert self._bodies is not None
+        return TenantBusy(
+            f"this credential already has {self._bodies.per_tenant} large request bodies being "
+            "routed; retry shortly", retry_after=1)
+
+    def _release(self) -> None:
+        if self._slot is not None and self._bodies is not None:
+            self._bodies.leave(self._slot)
+        self._slot = None
 
     async def _on_streamed_request_body(self, message: ep.HttpBody) -> Reply | None:
         """Full duplex: gather the chunks until the body ends, then route."""
@@ -453,6 +591,9 @@ class ExtProcStream:
         self._chunks = []
         replies = routed_duplex(routed, self._body, self._router.config.routing.cluster_header,
                                 self._options.model_header, trailers=self._trailers)
+        mutation = replies[0].request_headers.response.header_mutation
+        if self._rewrite is not None:
+            mutation.set_headers.append(_header(":path", self._rewrite))
         # The client's routing headers the reply does not overwrite are removed.
         mine = {h.header.key for h in replies[0].request_headers.response.header_mutation
                 .set_headers}
@@ -466,8 +607,11 @@ class ExtProcStream:
                                self._options.model_header)
 
     async def _decide(self, *, admit_paused: bool) -> Routed:
-        assert self._api is not None
-        request: Request = self._router.read(self._api, self._headers, self._body)
+        try:
+            request = self._request or await self._read()
+        finally:
+            self._release()  # the large body is parsed (or refused): its slot is free
+        self._request = request
         facts = None
         if self._prefetch is not None:
             prefetched, self._prefetch = self._prefetch, None
@@ -477,10 +621,20 @@ class ExtProcStream:
                 facts = None
         if facts is None:
             facts = await self._state.load(request.query)
+        self._refused = (request, facts)
         routed = self._router.route(request, facts, subset=self._subset,
                                     admit_paused=admit_paused)
         self._routed = routed
         return routed
+
+    async def _read(self) -> Request:
+        """``Router.read``, on the parse thread for a large body (it is pure)."""
+        assert self._api is not None
+        api, headers, body = self._api, self._headers, self._body
+        threshold = self._router.config.limits.parse_thread_bytes
+        if self._parser is not None and threshold and len(body) >= threshold:
+            return await self._parser.run(lambda: self._router.read(api, headers, body))
+        return self._router.read(api, headers, body)
 
     # -- response path ---------------------------------------------------------------------
 
@@ -609,6 +763,21 @@ class ExtProcStream:
         summary: ResponseSummary = self._observer.summary
         self._state.send(self._router.finished(self._turn, summary, self._claimed))
         self._router.replay.complete(self._turn.replay_id, outcome_of(None, None, summary))
+
+
+async def _until(ready: Callable[[], bool], timeout: float) -> bool:
+    """Poll ``ready`` until it holds (True) or ``timeout`` seconds have passed (False)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not ready():
+        if loop.time() >= deadline:
+            return False
+        await asyncio.sleep(HOLD_POLL_SECONDS)
+    return True
+
+
+async def _ready(reply: Reply) -> Reply:
+    return reply
 
 
 def _passthrough(kind: str | None) -> ep.ProcessingResponse:

@@ -36,18 +36,12 @@ from ..state.memory import MemoryStore
 from ..state.records import Claim, Commit, Finish, Forget, Owner, SessionRecord, Turn, Write
 from ..state.records import owner_key as scoped
 from ..state.store import Facts, Query
-from ..types import API_PATHS, Action, Api, Clock, RequestSummary, ResponseSummary, SessionIdentity
+from ..types import Action, Api, Clock, RequestSummary, ResponseSummary, SessionIdentity
 from .health import ModelHealth
 from .identity import IdentityReader, chained
+from .paths import api_for as api_for  # re-exported: which requests are API calls
 from .saar import RoutingDecision, SaarEngine
 from .selection import Selector
-
-
-def api_for(method: str, path: str) -> Api | None:
-    """The LLM API of a request, or None for traffic that passes through untouched."""
-    if method != "POST":
-        return None
-    return API_PATHS.get(path.split("?", 1)[0].rstrip("/"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from ..config import Config, SessionAware
-from ..errors import ContextTooLong, ModelUnavailable, UnknownModel, shown
+from ..errors import ContextTooLong, LockedModelDown, ModelUnavailable, UnknownModel, shown
 from ..state.records import Owner, SessionRecord
 from ..types import Action, Clock, Phase, RequestSummary, SessionIdentity
 from .health import ModelHealth
@@ -124,14 +124,15 @@ class SaarEngine:
         knobs = self._decisions[base.decision].algorithm.session_aware
         lock = self._lock(request, state, owners or {}, knobs)
         if lock is not None:
-            self._require_available(lock.model, lock.kind)
             phase = Phase.TOOL_LOOP if lock.kind == "tool_loop" else Phase.PROVIDER_STATE
             # The decision that held is the session's, not whatever this turn's text matched.
             held = state.decision if state is not None else base.decision
-            return RoutingDecision(
+            decision = RoutingDecision(
                 lock.model, held, Action.LOCKED_KEEP, phase, f"{lock.kind}_lock", 1.0, base,
                 state.model if state else None, lock=lock.kind, pinned_worker=lock.worker,
             )
+            self._require_available(decision)
+            return decision
         if state is None:
             model = self._first_available(base, base.model)
             return RoutingDecision(
@@ -310,12 +311,15 @@ class SaarEngine:
             retry_after=self._health.retry_after(preferred),
         )
 
-    def _require_available(self, model: str, lock: str) -> None:
+    def _require_available(self, decision: RoutingDecision) -> None:
+        """``LockedModelDown`` (carrying the lock's decision, for the replay record) when
+        model health has taken the locked model out."""
+        model, lock = decision.model, decision.lock or "lock"
         if not self._health.available(model):
-            raise ModelUnavailable(
+            raise LockedModelDown(
                 f"this session is locked to {model} by its {lock.replace('_', ' ')} and {model} "
                 "has no available backend; retry later (the session resumes on the same model)",
-                retry_after=self._health.retry_after(model),
+                model=model, decision=decision, retry_after=self._health.retry_after(model),
             )
 
 

@@ -32,6 +32,7 @@ from ..config import Config, ConfigError, WorkerSpec
 from ..core.router import Router
 from ..observability.metrics import Metrics
 from ..state.layer import StateLayer
+from . import runtime
 from .http_api import build_http_app
 from .replay_service import ReplayService
 from .roles import pool_config
@@ -67,6 +68,7 @@ class RunningService:
     discovery: KubernetesDiscovery | None = None
     certificates: CertificateFiles | None = None
     telemetry: Telemetry | None = None
+    processor: ExternalProcessor | None = None
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     _gate: asyncio.Task[None] | None = None
     _draining: bool = False
@@ -110,6 +112,8 @@ class RunningService:
         if self.health_server is not None:
             await self.health_server.stop(grace=0.5)
         await self.grpc_server.stop(grace=1.0)
+        if self.processor is not None:
+            self.processor.close()
         await self.http_runner.cleanup()
         await self.state.stop()
         if self.telemetry is not None:
@@ -142,8 +146,9 @@ async def start(config: Config, router: Router | None = None) -> RunningService:
         ]
     )
     options = StreamOptions(config.routing.model_header, config.scheduling.pool_name)
-    ep_grpc.add_ExternalProcessorServicer_to_server(
-        ExternalProcessor(router, state, options), server)
+    processor = ExternalProcessor(router, state, options)
+    ep_grpc.add_ExternalProcessorServicer_to_server(processor, server)
+    runtime.register(router, state, processor.bodies)
     replay_pb2_grpc.add_ReplayServicer_to_server(
         ReplayService(telemetry.lookup, telemetry.auth), server)
     health_servicer = health.aio.HealthServicer()
@@ -177,7 +182,7 @@ async def start(config: Config, router: Router | None = None) -> RunningService:
     discovery = _discovery(config, router)
     running = RunningService(router, state, server, runner, grpc_port, http_port, background,
                              health_servicer, health_server, health_port, discovery,
-                             certificates, telemetry)
+                             certificates, telemetry, processor)
     if discovery is None and state.shared is None:
         for name in READY_SERVICES:  # nothing to wait for
             await health_servicer.set(name, SERVING)

@@ -123,7 +123,7 @@ async def test_too_large_a_body_is_refused_as_it_streams(config, clock):
 
 async def test_non_llm_traffic_passes_chunk_by_chunk(replica):
     stream = replica.stream()
-    reply = await stream.handle(duplex_headers({":method": "POST", ":path": "/v1/files"}))
+    reply = await stream.handle(duplex_headers({":method": "POST", ":path": "/v1/embeddings"}))
     assert reply.HasField("request_headers") and not reply.HasField("mode_override")
     body, ends = streamed(await stream.handle(chunk(b"abc", False)), "request_body")
     assert (body, ends) == (b"abc", [False])

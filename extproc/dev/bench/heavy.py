@@ -1,0 +1,229 @@
+"""Ordinary agent clients beside clients looping large bodies: what the large bodies cost the
+others (issue 9, item 6). ``python -m extproc.dev.bench.heavy [--json]``.
+
+A stack (Envoy, the processor, two workers per model, Envoy's canned answer as the upstream so
+the model servers cost nothing) is loaded first by ``ordinary`` closed-loop clients alone —
+each its own tenant and session, a 2 KB chat turn —, then by the same clients while ``heavy``
+clients loop a body just under ``limits.max_body_bytes`` (8 MiB by default) with ``model:
+auto``. Heavy clients ignore ``Retry-After`` and reconnect whenever Envoy closes: a hostile
+caller's loop. The figures are the ordinary clients' req/s, p50 and p99 in both phases, and
+what the heavy clients got.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import orjson
+import yaml
+
+from ..harness import run_stack
+from .bodies import body
+from .load import _percentile
+from .upstream import canned_upstream
+from .variants import TRANSFORMS, pointed_at
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[3] / "config" / "example.yaml"
+TIMEOUT = 30.0
+
+
+@dataclass(frozen=True)
+class Settings:
+    ordinary: int = 8
+    heavy: int = 4
+    heavy_bytes: int = 8 * 1024 * 1024 - 64 * 1024
+    heavy_tenants: int = 1
+    """How many API keys the heavy clients share out (1: one tenant looping from 4 clients)."""
+    warmup_s: float = 2.0
+    duration_s: float = 15.0
+
+
+@dataclass
+class Phase:
+    name: str
+    latencies: list[float] = field(default_factory=list)
+    statuses: Counter[int] = field(default_factory=Counter)
+    heavy: Counter[int] = field(default_factory=Counter)
+    seconds: float = 0.0
+
+    def as_json(self) -> dict[str, Any]:
+        ok = self.statuses.get(200, 0)
+        return {
+            "phase": self.name,
+            "ordinary_rps": round(ok / self.seconds, 1) if self.seconds else 0.0,
+            "ordinary_p50_ms": round(_percentile(self.latencies, 50) * 1e3, 2),
+            "ordinary_p99_ms": round(_percentile(self.latencies, 99) * 1e3, 2),
+            "ordinary_statuses": {str(k): v for k, v in sorted(self.statuses.items())},
+            "heavy_statuses": {str(k): v for k, v in sorted(self.heavy.items())},
+        }
+
+
+def heavy_body(size: int) -> bytes:
+    """A valid chat body of about ``size`` bytes: an agent's long history, ``model: auto``."""
+    filler = "the parser module reads tokens and builds a tree for each file in the repo. " * 40
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."}]
+    total = 200
+    while total < size - len(filler) - 200:
+        role = "user" if len(messages) % 2 else "assistant"
+        messages.append({"role": role, "content": filler})
+        total += len(filler) + 32
+    messages.append({"role": "user", "content": "Please debug the failing test."})
+    raw = orjson.dumps({"model": "auto", "messages": messages})
+    pad = size - len(raw)
+    if pad > 0:
+        messages[0]["content"] += "x" * pad
+        raw = orjson.dumps({"model": "auto", "messages": messages})
+    return raw
+
+
+def _request(url: str, path: str, payload: bytes, headers: dict[str, str]) -> bytes:
+    netloc = urlsplit(url).netloc
+    lines = [f"POST {path} HTTP/1.1", f"host: {netloc}", "content-type: application/json",
+             f"content-length: {len(payload)}", *(f"{k}: {v}" for k, v in headers.items())]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + payload
+
+
+async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bool]:
+    """(status, the connection stays open)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    status = int(head[9:12])
+    length, chunked, close = 0, False, False
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        name, value = name.strip().lower(), value.strip().lower()
+        if name == b"content-length":
+            length = int(value)
+        elif name == b"transfer-encoding" and b"chunked" in value:
+            chunked = True
+        elif name == b"connection" and value == b"close":
+            close = True
+    if chunked:
+        while True:
+            size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+            await reader.readexactly(size + 2)
+            if size == 0:
+                break
+    else:
+        await reader.readexactly(length)
+    return status, not close
+
+
+async def _client(url: str, request: bytes, start: float, stop: float,
+                  record: Any) -> None:
+    """Send ``request`` back to back until ``stop``; ``record(status, seconds)`` from
+    ``start`` on; reconnect whenever the proxy closes (an early answer to a large body)."""
+    split = urlsplit(url)
+    while time.perf_counter() < stop:
+        try:
+            reader, writer = await asyncio.open_connection(split.hostname, split.port)
+        except OSError:
+            await asyncio.sleep(0.01)
+            continue
+        try:
+            while (sent := time.perf_counter()) < stop:
+                async with asyncio.timeout(TIMEOUT):
+                    writer.write(request)
+                    status, keep = await _read_response(reader)
+                if sent >= start:
+                    record(status, time.perf_counter() - sent)
+                if not keep:
+                    break
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
+            if time.perf_counter() >= start:
+                record(0, 0.0)
+        finally:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+
+
+async def _phase(url: str, settings: Settings, name: str, heavy: bool) -> Phase:
+    phase = Phase(name)
+    start = time.perf_counter() + settings.warmup_s
+    stop = start + settings.duration_s
+    small = body("2kb", "auto")
+    tasks = []
+    for i in range(settings.ordinary):
+        request = _request(url, "/v1/chat/completions", small,
+                           {"authorization": f"Bearer ordinary-{i}",
+                            "x-session-id": f"ordinary-{name}-{i}"})
+
+        def ordinary(status: int, seconds: float) -> None:
+            phase.statuses[status] += 1
+            if status == 200:
+                phase.latencies.append(seconds)
+
+        tasks.append(_client(url, request, start, stop, ordinary))
+    if heavy:
+        payload = heavy_body(settings.heavy_bytes)
+        for i in range(settings.heavy):
+            request = _request(url, "/v1/chat/completions", payload,
+                               {"authorization": f"Bearer heavy-{i % settings.heavy_tenants}"})
+            tasks.append(_client(url, request, start, stop,
+                                 lambda status, _s: phase.heavy.update([status])))
+    await asyncio.gather(*tasks)
+    phase.seconds = max(time.perf_counter(), stop) - start
+    return phase
+
+
+def run(config: dict[str, Any], settings: Settings) -> list[Phase]:
+    with tempfile.TemporaryDirectory(prefix="saar-heavy-") as tmp, \
+            canned_upstream(Path(tmp)) as upstream, \
+            run_stack(config, workers_per_model=2, sim_args=["--time-scale", "0"],
+                      workdir=Path(tmp) / "stack",
+                      envoy_transform=pointed_at(upstream, TRANSFORMS["saar"])) as stack:
+        alone = asyncio.run(_phase(stack.url, settings, "alone", heavy=False))
+        beside = asyncio.run(_phase(stack.url, settings, "beside-heavy", heavy=True))
+    return [alone, beside]
+
+
+def table(phases: Sequence[Phase], settings: Settings) -> str:
+    rows = [("phase", "ordinary req/s", "p50 ms", "p99 ms", "ordinary statuses",
+             "heavy statuses")]
+    for phase in phases:
+        doc = phase.as_json()
+        rows.append((phase.name, f"{doc['ordinary_rps']:.0f}", f"{doc['ordinary_p50_ms']:.1f}",
+                     f"{doc['ordinary_p99_ms']:.1f}", json.dumps(doc["ordinary_statuses"]),
+                     json.dumps(doc["heavy_statuses"])))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    head = (f"{settings.ordinary} ordinary clients (2 KB chat, a tenant each) alone, then beside "
+            f"{settings.heavy} clients looping {settings.heavy_bytes / 2**20:.2f} MiB bodies "
+            f"({settings.heavy_tenants} tenant(s)); {settings.duration_s:.0f} s per phase")
+    return "\n".join([head, *("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True))
+                              for r in rows)])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m extproc.dev.bench.heavy")
+    parser.add_argument("--config", default=str(DEFAULT_CONFIG))
+    parser.add_argument("--ordinary", type=int, default=Settings.ordinary)
+    parser.add_argument("--heavy", type=int, default=Settings.heavy)
+    parser.add_argument("--heavy-bytes", type=int, default=Settings.heavy_bytes)
+    parser.add_argument("--heavy-tenants", type=int, default=Settings.heavy_tenants)
+    parser.add_argument("--duration", type=float, default=Settings.duration_s)
+    parser.add_argument("--warmup", type=float, default=Settings.warmup_s)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    settings = Settings(args.ordinary, args.heavy, args.heavy_bytes, args.heavy_tenants,
+                        args.warmup, args.duration)
+    config = yaml.safe_load(Path(args.config).read_text())
+    phases = run(config, settings)
+    print(table(phases, settings), flush=True)
+    if args.json:
+        print(json.dumps([p.as_json() for p in phases]), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
