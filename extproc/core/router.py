@@ -59,6 +59,8 @@ class Request:
     """``time.perf_counter()`` when the body was parsed and when the identity was read."""
     spans: list[tuple[int, int]] | None = None
     """Where the body's top-level model values are (found once, spliced by the rewrite)."""
+    prompt: Prompt | None = None
+    """The prompt, rendered (and tokenised in precise mode) where the body was parsed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +151,8 @@ class Router:
         except RoutingError as exc:
             self.metrics.errors.labels(exc.code).inc()
             raise
+        prompt = Prompt(summary)
+        self.pools.prepare(prompt)
         parsed = time.perf_counter()
         identity = self.identity.read(headers, summary)
         tenant = identity.tenant
@@ -160,7 +164,7 @@ class Router:
                 chain = scoped(tenant, summary.previous_response_id)
         query = Query(identity.key, tuple(scoped(tenant, i) for i in ids), chain)
         return Request(summary, identity, headers, query, started, parsed, time.perf_counter(),
-                       spans)
+                       spans, prompt)
 
     def prefetch(self, headers: Mapping[str, str]) -> Query | None:
         """What to load before the body arrives: the session the headers name (the body can
@@ -201,7 +205,8 @@ class Router:
                 assert identity.key is not None
                 tick = self.config.scheduling.admission.tick_seconds
                 raise SessionPaused(identity.key, retry_after=max(1, round(tick)))
-            prompt = Prompt(summary, identity.key)
+            prompt = request.prompt or Prompt(summary)
+            prompt.session = identity.key  # the chain may have named it only now
             owners = _owners(facts, state, identity)
             cached: dict[str, int | None] = {}
 

@@ -55,6 +55,8 @@ class Prompt:
     request: RequestSummary
     session: str | None = None
     _text: str | None = None
+    tokens: Sequence[int] | None = None
+    """The prompt's token ids (precise mode), when ``Pools.prepare`` has tokenised it."""
     _blocks: dict[str, tuple[Sequence[int], int]] = field(default_factory=dict)
     """model → (block hashes, how many lead with the session's previous prompt's)."""
     _matched: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -139,12 +141,24 @@ class Pools:
     def blocks(self, prompt: Prompt, model: str) -> Sequence[int]:
         return self._hashed(prompt, model)[0]
 
+    def prepare(self, prompt: Prompt) -> None:
+        """The work on a prompt that reads no shared state — rendering it, and in precise mode
+        tokenising it — done where the body is parsed (a worker thread for a large body), so
+        it never holds the event loop."""
+        if self.enabled and (self.required or any(
+                len(self.registry.pool(model)) > 1 for model in self._models)):
+            text = prompt.text  # pools of one are Envoy's to balance: nothing to render for
+            if self.tokenizer is not None and prompt.tokens is None:
+                prompt.tokens = self.tokenizer.encode(text)
+
     def _hashed(self, prompt: Prompt, model: str) -> tuple[Sequence[int], int]:
         found = prompt._blocks.get(model)
         if found is None:
             if self.tokenizer is not None:
                 assert isinstance(self.index, PreciseKVIndex)
-                found = (self.index.hash_tokens(self.tokenizer.encode(prompt.text)), 0)
+                if prompt.tokens is None:
+                    prompt.tokens = self.tokenizer.encode(prompt.text)
+                found = (self.index.hash_tokens(prompt.tokens), 0)
             else:
                 found = self.memo.blocks(prompt.session, model, prompt.text)
             prompt._blocks[model] = found
