@@ -45,7 +45,8 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
                                                  router.config.scheduling.pool_name)
         limits = router.config.limits
         self.bodies = LargeBodies(limits.large_body_bytes, limits.large_bodies_per_tenant,
-                                  limits.large_body_wait_seconds)
+                                  limits.large_body_wait_seconds,
+                                  limits.large_body_bytes_per_second)
         self._parser = ParseThread()
         self._holds = holds_counter(router.metrics.registry)
 

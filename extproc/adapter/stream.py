@@ -528,38 +528,37 @@ class ExtProcStream:
     # -- large bodies ----------------------------------------------------------------------
 
     def _admit(self, size: int, go: Callable[[], Awaitable[Reply]]) -> Hold | None:
-        """A large body takes one of its tenant's slots: now (None), after a wait (a hold
-        whose answer is ``go()``), or not at all (429)."""
+        """A large body needs its tenant's budget and a slot: now (None), after a wait (a
+        hold whose answer is ``go()``), or not at all (429)."""
         bodies = self._bodies
         if bodies is None or self._slot is not None or not bodies.large(size):
             return None
         tenant = self._router.identity.tenant(self._headers)
-        entered = bodies.enter(tenant)
-        if entered:
+        admission = bodies.enter(tenant, size)
+        if admission.now:
             self._slot = tenant
             return None
-        if entered is False:
-            raise self._busy()
+        if admission.refused:
+            raise self._busy(admission.retry_after)
 
         async def wait() -> bool:
-            if await bodies.wait(tenant):
+            if await bodies.wait(tenant, admission.delay):
                 self._slot = tenant
                 return True
             return False
 
         async def then(ready: bool) -> Reply:
             if not ready:
-                raise self._busy()
+                raise self._busy(1)
             return await go()
 
         return Hold("large_body", bodies.wait_seconds, wait, then)
 
-    def _busy(self) -> TenantBusy:
+    def _busy(self, retry_after: int) -> TenantBusy:
         self._router.metrics.errors.labels(TenantBusy.code).inc()
-        assert self._bodies is not None
         return TenantBusy(
-            f"this credential already has {self._bodies.per_tenant} large request bodies being "
-            "routed; retry shortly", retry_after=1)
+            "this credential is sending more large request bodies than the router takes from "
+            "one caller; retry shortly", retry_after=retry_after)
 
     def _release(self) -> None:
         if self._slot is not None and self._bodies is not None:
