@@ -13,6 +13,7 @@ import contextlib
 import copy
 import functools
 import importlib.util
+import json
 import shutil
 import signal
 import socket
@@ -156,10 +157,22 @@ class Stack:
     store: Service | None = None
     store_url: str | None = None
     services: list[Service] = field(default_factory=list)
+    envoy_admin: int | None = None
+    """Envoy's admin port (loopback): its stats, for tests and the soak."""
 
     @property
     def processor_http(self) -> str:
         return self.processors[0].http
+
+    def envoy_stats(self, prefix: str = "") -> dict[str, int]:
+        """Envoy's counters and gauges whose names start with ``prefix``."""
+        if self.envoy_admin is None:
+            return {}
+        url = f"http://127.0.0.1:{self.envoy_admin}/stats?format=json"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            doc = json.load(response)
+        return {s["name"]: int(s["value"]) for s in doc.get("stats", [])
+                if "value" in s and s["name"].startswith(prefix)}
 
     def stop(self) -> None:
         for service in reversed(self.services):
@@ -294,7 +307,8 @@ def run_stack(
                         "--concurrency", "1", "--use-dynamic-base-id"],
               functools.partial(wait_http, f"http://127.0.0.1:{envoy_ports.admin}/ready"))
         yield Stack(tmp, f"http://127.0.0.1:{envoy_ports.listen}", sims, config_path,
-                    access_log, processors, store_service, store_url, services)
+                    access_log, processors, store_service, store_url, services,
+                    envoy_ports.admin)
     finally:
         for service in reversed(services):
             service.close()
