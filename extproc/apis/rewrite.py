@@ -49,13 +49,18 @@ def model_spans(raw: bytes, *, thorough: bool = True) -> Spans | None:
     """Where the top-level model values of ``raw`` are, found once for ``peek_model`` and
     ``rewrite_model`` (None: the scan could not tell; they then raise or answer None).
 
-    Each search over a large body costs about what parsing it does. Serialisers never escape
-    ASCII letters, so the plain spelling is searched first, and with ``thorough`` the body is
-    searched for escaped spellings too when it holds a ``\\u006`` escape at all. Without it
-    (the router's fast path) only a body with no plain key is: the caller checks the last span
-    against the model its parse read and asks again, thoroughly, if they differ."""
+    Each search over a large body costs about what parsing it does. ``thorough`` finds every
+    top-level "model" key, escaped spellings too when the body holds a ``\\u006`` escape at
+    all. Without it (the router's fast path) only the last top-level key is found — the one
+    orjson, like most parsers, reads — searched from the end: SDKs write the model after the
+    messages, so little is searched; a body with no plain key falls back to the thorough
+    search, and the caller checks the span against the model its parse read and asks again,
+    thoroughly, if they differ. An earlier duplicate key is then left as the client sent it:
+    only a parser that keeps the first duplicate would read it, and only the client's own
+    request could suffer (a model its upstream does not serve)."""
     try:
-        return _model_values(raw, thorough)
+        return _model_values(raw, thorough) if thorough else (
+            _last_value(raw) or _model_values(raw, True))
     except MalformedRequest:
         return None
 
@@ -115,6 +120,23 @@ def _model_values(raw: bytes, thorough: bool) -> list[tuple[int, int]]:
         if depth == 1:
             tail.append(m)
     return [(m.end(), _value_end(raw, m.end())) for m in top + tail[::-1]]
+
+
+def _last_value(raw: bytes) -> list[tuple[int, int]]:
+    """The value of the last plain top-level "model" key, searched backwards from the end with
+    the depth counted as the search goes (the brackets closed minus opened after a key)."""
+    depth, done = 0, len(raw)
+    end = len(raw)
+    while (at := raw.rfind(b'"model"', 0, end)) >= 0:
+        end = at
+        key = _KEY.match(raw, at)
+        if key is None or not _unescaped(raw, at):
+            continue
+        depth -= _balance(raw[at:done])
+        done = at
+        if depth == 1:
+            return [(key.end(), _value_end(raw, key.end()))]
+    return []
 
 
 def _candidates(raw: bytes, thorough: bool) -> list[re.Match[bytes]]:

@@ -132,3 +132,26 @@ def test_fuzz_rewrite_model_changes_only_the_model(r: Random):
     assert orjson.loads(out) == {**doc, "model": "X"}
     model = doc["model"]
     assert peek_model(raw) == (model if isinstance(model, str) and model else None)
+
+
+@settings(max_examples=2000, deadline=None, database=None)
+@given(st.randoms(use_true_random=True))
+def test_fuzz_the_fast_path_finds_the_model_orjson_reads(r: Random):
+    """The router's search from the end (``thorough=False``) finds the last top-level key: the
+    value ``orjson.loads`` reads, so a splice there is what the upstream's parser reads."""
+    from extproc.apis import model_spans
+
+    members = JsonText(r).members()
+    members.insert(r.randrange(len(members) + 1), (b'"model"', b'"auto"'))
+    raw = join(members, r)
+    try:
+        parsed = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return
+    fast = model_spans(raw, thorough=False)
+    assert fast, raw
+    start, end = fast[-1]
+    if b"\\u006" in raw:  # an escaped spelling may follow: the router checks and asks again
+        return
+    assert orjson.loads(raw[start:end]) == parsed["model"]
+    assert orjson.loads(rewrite_model(raw, "routed", fast)) == {**parsed, "model": "routed"}

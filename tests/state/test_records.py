@@ -115,3 +115,19 @@ def test_wire_forms_round_trip():
     assert Turn.from_wire(turn(3).to_wire()) == turn(3)
     with pytest.raises(ValueError):
         Turn.from_wire('["too", "short"]')
+
+
+def test_a_copy_has_every_field_and_its_own_lists():
+    from dataclasses import fields
+
+    record, _ = play([Commit(turn(1)), Commit(turn(2, "m2", True)),
+                      Finish(turn(2), tool_calls=True, issued=("c1",))])
+    record.version = 7
+    copy = record.copy()
+    assert [getattr(copy, f.name) for f in fields(copy)] == [
+        getattr(record, f.name) for f in fields(record)]
+    copy.recent.append("x")
+    copy.issued.append("y")
+    copy.switch_times.append(1.0)
+    assert "x" not in record.recent and "y" not in record.issued
+    assert len(record.switch_times) == 1

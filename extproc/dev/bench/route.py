@@ -55,7 +55,8 @@ def session_bodies(size: int) -> list[bytes]:
                  "function": {"name": "read_file", "arguments": f'{{"path": "src/m{turn}.py"}}'}}]},
             {"role": "tool", "tool_call_id": call, "content": words[:step]},
         ]
-        bodies.append(orjson.dumps({"model": "auto", "messages": messages, "max_tokens": 64}))
+        # In the order the openai SDK writes them: the messages, then the model.
+        bodies.append(orjson.dumps({"messages": messages, "model": "auto", "max_tokens": 64}))
     return bodies
 
 
