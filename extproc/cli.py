@@ -162,6 +162,13 @@ def _bench_route(args: argparse.Namespace) -> int:
                 as_json=args.json)
 
 
+def _bench_soak(args: argparse.Namespace) -> int:
+    from .dev.bench.soak import Settings, main
+
+    return main(args.config, Settings(minutes=args.minutes, rate=args.rate,
+                                      window_s=args.window), as_json=args.json)
+
+
 def _eval_matrix(args: argparse.Namespace) -> int:
     from .dev.evaluation.cli import run
 
@@ -277,6 +284,16 @@ def build_parser() -> argparse.ArgumentParser:
     route.add_argument("--config", default=None, help="default: config/example.yaml")
     route.add_argument("--sizes", default=None, help="comma-separated: 2kb,64kb,256kb,1mb,4mb")
     route.set_defaults(func=_bench_route)
+    soak = bench_sub.add_parser(
+        "soak", help="a stack under steady agent traffic for minutes: RSS, tables, series, "
+        "tasks, latency per window")
+    soak.add_argument("--minutes", type=float, default=10.0, help="how long (default 10)")
+    soak.add_argument("--rate", type=float, default=None,
+                      help="requests per second (default: half the measured ceiling)")
+    soak.add_argument("--window", type=float, default=30.0, help="seconds per row (default 30)")
+    soak.add_argument("--config", default=None, help="default: config/example.yaml")
+    soak.add_argument("--json", action="store_true", help="last stdout line is JSON")
+    soak.set_defaults(func=_bench_soak)
 
     evaluation = sub.add_parser("eval", help="offline evaluations of the routing engine")
     eval_sub = evaluation.add_subparsers(dest="eval_command", required=True)
