@@ -124,3 +124,8 @@ class Metrics:
             "saar_store_dropped", "Write batches dropped from a full backlog (kept locally)",
             registry=r,
         )
+        self.kv_hints = Counter(
+            "saar_kv_hints", "KV hints sent to workers, by kind and outcome (delivered: the "
+            "worker answered 2xx; failed: an error or no answer in time; dropped: the queue was "
+            "full)", ["kind", "outcome"], registry=r,
+        )

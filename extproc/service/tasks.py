@@ -12,7 +12,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
-from prometheus_client import Counter
 
 from ..core.router import Router
 from ..scheduling.kv_events import PreciseKVIndex
@@ -34,10 +33,7 @@ class Background:
         self._subscribers: dict[str, ZmqFeed] = {}
         self._session: aiohttp.ClientSession | None = None
         self._mtime: float | None = None
-        self._hints = Counter(
-            "saar_kv_hints", "KV hints sent to workers, by kind and outcome (delivered: the "
-            "worker answered 2xx; failed: an error or no answer in time; dropped: the queue was "
-            "full)", ["kind", "outcome"], registry=router.metrics.registry)
+        self._hints = router.metrics.kv_hints
         self._hints_dropped = 0
 
     def start(self) -> None:
