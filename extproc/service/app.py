@@ -114,6 +114,7 @@ class RunningService:
         await self.grpc_server.stop(grace=1.0)
         if self.processor is not None:
             self.processor.close()
+        runtime.release(self.router)
         await self.http_runner.cleanup()
         await self.state.stop()
         if self.telemetry is not None:

@@ -5,6 +5,7 @@
   records and owners of the local store, replay records and their per-session index,
   admission programs, the prompt memos and their blocks, the session-prefix index, KV hint
   sessions, tenants with large bodies in flight (a fixed set of names: bounded series);
+* ``saar_gc_seconds{generation}``: the garbage collector's pauses (they stop the event loop);
 * ``process_resident_memory_bytes`` and the rest of Prometheus' process collector.
 """
 
@@ -12,11 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client import CollectorRegistry, Histogram, ProcessCollector
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -31,6 +34,7 @@ class RuntimeCollector(Collector):
     def __init__(self) -> None:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.tables: dict[str, Callable[[], Any]] = {}
+        self.gc: GcTimer | None = None
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         if self.loop is not None and not self.loop.is_closed():
@@ -48,6 +52,32 @@ class RuntimeCollector(Collector):
         yield entries
 
 
+class GcTimer:
+    """Times every collection (``gc.callbacks``) into a histogram by generation."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.seconds = Histogram(
+            "saar_gc_seconds", "Garbage collector pauses, by generation", ["generation"],
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0), registry=registry)
+        self._started = 0.0
+        self.open()
+
+    def open(self) -> None:
+        if self not in gc.callbacks:
+            gc.callbacks.append(self)
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        elif self._started:
+            self.seconds.labels(str(info.get("generation"))).observe(
+                time.perf_counter() - self._started)
+
+    def close(self) -> None:
+        with contextlib.suppress(ValueError):
+            gc.callbacks.remove(self)
+
+
 def register(router: Router, state: StateLayer, large_bodies: Any = None) -> RuntimeCollector:
     """Export the gauges in the router's registry (once per registry; a second service on the
     same router takes them over)."""
@@ -58,6 +88,9 @@ def register(router: Router, state: StateLayer, large_bodies: Any = None) -> Run
         registry.register(collector)
         with contextlib.suppress(ValueError):  # already there
             ProcessCollector(registry=registry)
+        collector.gc = GcTimer(registry)
+    elif collector.gc is not None:
+        collector.gc.open()
     collector.loop = asyncio.get_running_loop()
     pools, replay = router.pools, router.replay
     collector.tables = {
@@ -73,3 +106,10 @@ def register(router: Router, state: StateLayer, large_bodies: Any = None) -> Run
         "large_body_tenants": lambda: None if large_bodies is None else len(large_bodies),
     }
     return collector
+
+
+def release(router: Router) -> None:
+    """The service stopped: stop timing the collector for it."""
+    collector = _REGISTERED.get(router.metrics.registry)
+    if collector is not None and collector.gc is not None:
+        collector.gc.close()

@@ -7,7 +7,8 @@ call and its result, Responses chained with ``previous_response_id``, a third of
 streamed, each session new, from 20 tenants — are sent open-loop at ``--rate`` (default half
 the ceiling) for ``--minutes``. Every window the soak samples the processor's RSS (``/proc``),
 its tables (``saar_table_entries``), its asyncio tasks (``saar_asyncio_tasks``), the number of
-series ``/metrics`` exports, and the client's req/s, p50 and p99, then prints a row.
+series ``/metrics`` exports, its full garbage collections (``saar_gc_seconds``: they stop the
+event loop), and the client's req/s, p50 and p99, then prints a row.
 
 The router's caps are lowered (``CAPS``) so a run of ten minutes reaches them; the verdicts
 say whether RSS stays flat once they are reached, whether any table or the series count keeps
@@ -293,7 +294,7 @@ def sample(stack: Stack) -> dict[str, Any]:
     """RSS (MiB), tasks, series and the table sizes, now."""
     text = _metrics(stack.processor_http)
     tables: dict[str, float] = {}
-    tasks = math.nan
+    tasks = gc_seconds = gc_count = math.nan
     series = 0
     for line in text.splitlines():
         if not line or line.startswith("#"):
@@ -304,8 +305,12 @@ def sample(stack: Stack) -> dict[str, Any]:
             tables[name.split('"')[1]] = float(value)
         elif name == "saar_asyncio_tasks":
             tasks = float(value)
+        elif name == 'saar_gc_seconds_sum{generation="2"}':
+            gc_seconds = float(value)
+        elif name == 'saar_gc_seconds_count{generation="2"}':
+            gc_count = float(value)
     return {"rss_mib": round(_rss(stack), 1), "tasks": tasks, "series": series,
-            "tables": tables}
+            "tables": tables, "gc2": [gc_count, round(gc_seconds, 4)]}
 
 
 @dataclass
@@ -442,12 +447,16 @@ TABLE_COLUMNS = ("sessions", "owners", "replay_records", "replay_index", "admiss
 
 def table(report: dict[str, Any]) -> str:
     head = ["t s", "req/s", "p50 ms", "p99 ms", "err", "RSS MiB", "tasks", "series",
-            *TABLE_COLUMNS]
+            "gen2 GCs (ms)", *TABLE_COLUMNS]
     rows = [head]
+    before = [0.0, 0.0]
     for w in report["windows"]:
+        gc2 = w.get("gc2", [math.nan, math.nan])
+        collections = f"{gc2[0] - before[0]:.0f} ({(gc2[1] - before[1]) * 1e3:.0f})"
+        before = gc2
         rows.append([f"{w['end_s']:.0f}", f"{w['rps']:.0f}", f"{w['p50_ms']:.1f}",
                      f"{w['p99_ms']:.1f}", str(w["errors"]), f"{w['rss_mib']:.1f}",
-                     f"{w['tasks']:.0f}", str(w["series"]),
+                     f"{w['tasks']:.0f}", str(w["series"]), collections,
                      *(f"{w['tables'].get(t, math.nan):.0f}" for t in TABLE_COLUMNS)])
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     ceiling_line = ("ceiling: " + ", ".join(f"{c} loops {r:.0f} req/s"
