@@ -13,6 +13,10 @@ $(STAMP): pyproject.toml setup.py $(wildcard protos/*/*/*.proto)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
+	@# xds-protos ships an older copy of opentelemetry/proto/*: whichever wheel pip unpacks last
+	@# wins, so the OTLP exporter's own protos are laid down again, over xds-protos' copy.
+	$(PY) -m pip install --quiet --force-reinstall --no-deps \
+		"opentelemetry-proto==$$($(PY) -c 'import importlib.metadata as m; print(m.version("opentelemetry-proto"))')"
 	touch $(STAMP)
 
 system:

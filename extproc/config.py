@@ -214,6 +214,9 @@ class Limits:
     """Large bodies of one tenant read and routed at a time; more wait, then get 429."""
     large_body_bytes_per_second: Annotated[Number, Field(gt=0)] = 16.0 * 1024 * 1024
     """Large bodies one tenant may send per second (a burst of one second's worth)."""
+    large_body_bytes_per_second_total: Annotated[Number, Field(gt=0)] = 32.0 * 1024 * 1024
+    """Large bodies all tenants together may send per second (a burst of one second's worth):
+    what many credentials add up to."""
     large_body_wait_seconds: Annotated[Number, Field(ge=0, le=50)] = 5.0
     """How long a tenant's further large body waits for its turn (0: 429 at once)."""
     parse_thread_bytes: Count = 256 * 1024

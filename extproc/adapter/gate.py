@@ -8,9 +8,13 @@ as it arrives) needs two things of its tenant's budget before it is read and rou
   tenant, the time its budget is free again). A single large body always fits an idle budget;
   four clients looping 8 MiB bodies under one credential get two through per second at the
   default 16 MiB/s, however fast they send;
-* **a slot**: at most ``limits.large_bodies_per_tenant`` are read and routed at a time.
+* **a slot**: at most ``limits.large_bodies_per_tenant`` are read and routed at a time;
+* **the process's bytes**: all tenants together may have
+  ``limits.large_body_bytes_per_second_total`` admitted per second (the same cell-rate limit,
+  one number for the process), so many credentials cannot add up to more parsing than the event
+  loop can spare: the budgets of tenants bound what one takes, this one what everybody takes.
 
-A body that has to wait for either waits at most ``limits.large_body_wait_seconds`` (Envoy is
+A body that has to wait for any of them waits at most ``limits.large_body_wait_seconds`` (Envoy is
 told to wait longer, as for admission's hold), in order; one that would wait longer, or finds
 ``QUEUE_FACTOR`` waiters per slot already, gets 429 ``tenant_busy`` with ``Retry-After`` at
 once — at the request headers when content-length tells the size, so Envoy never sends the
@@ -60,12 +64,15 @@ class LargeBodies:
     the traffic of the last second."""
 
     def __init__(self, threshold: int, per_tenant: int, wait_seconds: float,
-                 bytes_per_second: float = math.inf, *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 bytes_per_second: float = math.inf, total_bytes_per_second: float = math.inf,
+                 *, clock: Callable[[], float] = time.monotonic) -> None:
         self.threshold = threshold
         self.per_tenant = per_tenant
         self.wait_seconds = wait_seconds
         self.rate = bytes_per_second
+        self.total_rate = total_bytes_per_second
+        self._free_at = 0.0
+        """When the process's byte budget is whole again."""
         self._clock = clock
         self._tenants: collections.OrderedDict[str, _Tenant] = collections.OrderedDict()
 
@@ -84,10 +91,8 @@ class LargeBodies:
         now = self._clock()
         entry = self._tenants.setdefault(tenant, _Tenant())
         self._tenants.move_to_end(tenant)
-        delay = 0.0
-        if self.rate != math.inf:
-            burst = 1.0  # one second's worth
-            delay = max(0.0, entry.free_at - burst - now)
+        burst = 1.0  # one second's worth
+        delay = max(0.0, entry.free_at - burst - now, self._free_at - burst - now)
         slot = entry.busy < self.per_tenant and not entry.waiters
         if delay == 0 and slot:
             self._charge(entry, now, size)
@@ -140,8 +145,8 @@ class LargeBodies:
         self._prune(tenant, entry)
 
     def _charge(self, entry: _Tenant, now: float, size: int) -> None:
-        if self.rate != math.inf:
-            entry.free_at = max(entry.free_at, now) + size / self.rate
+        entry.free_at = max(entry.free_at, now) + size / self.rate
+        self._free_at = max(self._free_at, now) + size / self.total_rate
 
     def _idle(self, entry: _Tenant) -> bool:
         return entry.busy == 0 and not entry.waiters and entry.free_at <= self._clock()

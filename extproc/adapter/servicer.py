@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import logging
 import math
-import weakref
 from collections.abc import AsyncIterator
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from google.protobuf import duration_pb2
-from prometheus_client import CollectorRegistry, Counter
 
 from ..core.router import Router
 from ..errors import RoutingError
@@ -20,20 +18,6 @@ from .gate import LargeBodies, ParseThread
 from .stream import ExtProcStream, Hold, StreamOptions, error_response
 
 log = logging.getLogger(__name__)
-
-_HOLDS: weakref.WeakKeyDictionary[CollectorRegistry, Counter] = weakref.WeakKeyDictionary()
-
-
-def holds_counter(registry: CollectorRegistry) -> Counter:
-    """``saar_holds_total{kind,outcome}`` in ``registry`` (made once per registry)."""
-    counter = _HOLDS.get(registry)
-    if counter is None:
-        counter = _HOLDS[registry] = Counter(
-            "saar_holds", "Requests held at the processor, by kind (paused, locked, "
-            "large_body) and how the hold ended (ready, timeout)", ["kind", "outcome"],
-            registry=registry)
-    return counter
-
 
 class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
     def __init__(
@@ -46,9 +30,9 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
         limits = router.config.limits
         self.bodies = LargeBodies(limits.large_body_bytes, limits.large_bodies_per_tenant,
                                   limits.large_body_wait_seconds,
-                                  limits.large_body_bytes_per_second)
+                                  limits.large_body_bytes_per_second,
+                                  limits.large_body_bytes_per_second_total)
         self._parser = ParseThread()
-        self._holds = holds_counter(router.metrics.registry)
 
     def close(self) -> None:
         """Stop the parse thread (the service is stopping)."""
@@ -57,9 +41,7 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
     async def _held(self, hold: Hold) -> bool:
         """Wait for what the hold waits for; count how it ended."""
         ready = await hold.wait()
-        self._holds.labels(hold.kind, "ready" if ready else "timeout").inc()
-        if hold.kind == "paused":  # admission's own figure, as before
-            self._router.metrics.held_requests.labels("resumed" if ready else "timeout").inc()
+        self._router.metrics.holds.labels(hold.kind, "ready" if ready else "timeout").inc()
         return ready
 
     async def Process(

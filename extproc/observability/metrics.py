@@ -48,9 +48,10 @@ class Metrics:
             "saar_worker_picks", "Workers picked inside a model's pool", ["model", "worker"],
             registry=r,
         )
-        self.held_requests = Counter(
-            "saar_held_requests", "Requests of paused sessions, by how the hold ended",
-            ["outcome"], registry=r,
+        self.holds = Counter(
+            "saar_holds", "Requests held at the processor, by kind (paused, locked, "
+            "large_body) and how the hold ended (ready, timeout)", ["kind", "outcome"],
+            registry=r,
         )
         self.paused_sessions = Gauge(
             "saar_admission_paused_sessions", "Sessions paused by admission", registry=r

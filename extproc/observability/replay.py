@@ -174,6 +174,9 @@ class ReplayStore:
                     found.append(key)
         return found
 
+    def __len__(self) -> int:
+        return len(self._records)
+
     def index_size(self) -> int:
         """Ids in the per-session index (never more than the records kept)."""
         return sum(len(ids) for ids in self._sessions.values())

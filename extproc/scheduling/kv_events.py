@@ -365,6 +365,10 @@ class PreciseKVIndex:
         """Sequence gaps seen (each reset a worker's view and marked it stale)."""
         self.skipped_blocks = 0
 
+    def __len__(self) -> int:
+        """Engine blocks known, over every worker and tier (what the memory bound counts)."""
+        return sum(len(view.engine) for view in self._views.values())
+
     def hash_tokens(self, token_ids: Sequence[int]) -> tuple[int, ...]:
         """The request-side block hashes that ``matched_blocks`` compares."""
         return tuple(_chain(self._root, token_ids, self.block_size))

@@ -8,8 +8,8 @@ digest of the reused bytes) and hashes only the blocks after the longest prefix 
 The result is exactly what hashing from scratch gives (``prompt_blocks``): a mark matches only
 when the bytes before it are the same, and chained hashes of the same bytes are the same.
 
-It is a cache of this process (each replica warms its own) bounded by the blocks it holds, the
-least recently used session first out.
+It is a cache of this process (each replica warms its own) bounded by the blocks it holds and
+by its entries (as many as the sessions the router remembers), the least recently used first out.
 """
 
 from __future__ import annotations
@@ -38,11 +38,13 @@ class _Memo:
 
 
 class BlockMemo:
-    def __init__(self, block_bytes: int, max_blocks: int = 4_000_000) -> None:
-        if block_bytes < 1 or max_blocks < 1:
-            raise ValueError("block_bytes and max_blocks must be positive")
+    def __init__(self, block_bytes: int, max_blocks: int = 4_000_000,
+                 max_entries: int = 100_000) -> None:
+        if block_bytes < 1 or max_blocks < 1 or max_entries < 1:
+            raise ValueError("block_bytes, max_blocks and max_entries must be positive")
         self.block = block_bytes
         self._max = max_blocks
+        self._max_entries = max_entries
         self._held = 0
         self._memos: OrderedDict[tuple[str, str], _Memo] = OrderedDict()
 
@@ -70,14 +72,11 @@ class BlockMemo:
             self._held -= len(memo.hashes)
         self._memos[key] = _Memo(hashes, marks)
         self._held += len(hashes)
-        while self._held > self._max and len(self._memos) > 1:
+        while len(self._memos) > 1 and (
+                self._held > self._max or len(self._memos) > self._max_entries):
             _, dropped = self._memos.popitem(last=False)
             self._held -= len(dropped.hashes)
         return hashes, reused
-
-    def forget(self, session: str) -> None:
-        for key in [k for k in self._memos if k[0] == session]:
-            self._held -= len(self._memos.pop(key).hashes)
 
     def _marks(
         self, data: bytes, total: int, memo: _Memo | None

@@ -106,7 +106,7 @@ class Pools:
             self.index = ApproximatePrefixIndex.from_config(prefix)
             self.tokens_per_block = max(1, prefix.chars_per_block // 4)
         self._chars_per_block = prefix.chars_per_block
-        self.memo = BlockMemo(prefix.chars_per_block)
+        self.memo = BlockMemo(prefix.chars_per_block, max_entries=config.memory.max_sessions)
         self.admission = AdmissionController(
             scheduling.admission, clock=clock, max_programs=config.memory.max_sessions
         )

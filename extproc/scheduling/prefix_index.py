@@ -67,6 +67,10 @@ class ApproximatePrefixIndex:
     def capacity(self, worker: str) -> int:
         return self._capacity.get(worker, self.default_capacity_blocks)
 
+    def __len__(self) -> int:
+        """Blocks recorded, over every worker (each worker's distinct ones)."""
+        return sum(len(view.refs) for view in self._workers.values())
+
     def held(self, worker: str) -> int:
         """Distinct blocks currently recorded for ``worker``."""
         view = self._workers.get(worker)

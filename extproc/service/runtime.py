@@ -3,8 +3,9 @@
 * ``saar_asyncio_tasks``: tasks alive on the service's event loop (a leak grows it);
 * ``saar_table_entries{table}``: the size of every bounded table the router keeps — session
   records and owners of the local store, replay records and their per-session index,
-  admission programs, the prompt memos and their blocks, the session-prefix index, KV hint
-  sessions, tenants with large bodies in flight (a fixed set of names: bounded series);
+  admission programs, the prompt memos and their blocks, the prefix index's blocks, the
+  session-prefix index, KV hint sessions, tenants with large bodies in flight (a fixed set of
+  names: bounded series);
 * ``saar_gc_seconds{generation}``: the garbage collector's pauses (they stop the event loop);
 * ``process_resident_memory_bytes`` and the rest of Prometheus' process collector.
 """
@@ -96,11 +97,12 @@ def register(router: Router, state: StateLayer, large_bodies: Any = None) -> Run
     collector.tables = {
         "sessions": lambda: len(state.local),
         "owners": state.local.owners,
-        "replay_records": lambda: len(replay._records),
+        "replay_records": lambda: len(replay),
         "replay_index": replay.index_size,
-        "admission_programs": lambda: len(pools.admission._programs),
+        "admission_programs": lambda: len(pools.admission),
         "prompt_memos": lambda: len(pools.memo),
         "prompt_memo_blocks": lambda: pools.memo.held,
+        "prefix_index_blocks": lambda: len(pools.index),
         "session_prefix_blocks": lambda: None if pools.sessions is None else pools.sessions.blocks,
         "kv_hint_sessions": lambda: None if pools.hints is None else len(pools.hints),
         "large_body_tenants": lambda: None if large_bodies is None else len(large_bodies),

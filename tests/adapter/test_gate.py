@@ -1,5 +1,5 @@
-"""The per-tenant large-body budget (issue 9, item 6): bytes per second and slots, in order,
-bounded, and forgotten once idle."""
+"""The large-body budgets (issue 9, item 6): bytes per second per tenant and for the process,
+slots, in order, bounded, and forgotten once idle."""
 
 from __future__ import annotations
 
@@ -86,6 +86,22 @@ def test_bytes_per_second_with_a_burst_of_one_second():
         bodies.leave("a")
     bodies.leave("b")
     assert len(bodies) == 0  # idle and repaid: forgotten
+
+
+def test_many_credentials_share_the_process_budget():
+    """16 MiB/s per tenant, 32 MiB/s in all, 8 MiB bodies from eight credentials at once: the
+    process budget admits five (a second's worth and the burst), then one every quarter second
+    whoever sends it; each tenant's own budget is untouched by the others'."""
+    clock = FakeClock()
+    mib = 1 << 20
+    bodies = LargeBodies(mib, per_tenant=100, wait_seconds=2, bytes_per_second=16 * mib,
+                         total_bytes_per_second=32 * mib, clock=clock)
+    first = [bodies.enter(f"t{n}", 8 * mib) for n in range(8)]
+    assert [a.now for a in first] == [True] * 5 + [False] * 3
+    assert [a.delay for a in first[5:]] == [0.25, 0.5, 0.75]
+    assert bodies.enter("t9", 8 * mib).delay == 1.0
+    clock.advance(60)  # repaid
+    assert bodies.enter("t0", 8 * mib).now
 
 
 async def test_a_waiter_for_budget_sleeps_then_takes_a_slot():

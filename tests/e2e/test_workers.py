@@ -124,7 +124,7 @@ def test_paused_session_is_held_until_resumed(tmp_path):
         oversized_turn(client)  # held at the processor, then served: no error reaches the agent
         assert time.monotonic() - started > 0.3
         metrics = httpx.get(f"{stack.processor_http}/metrics").text
-        assert 'saar_held_requests_total{outcome="resumed"} 1.0' in metrics
+        assert 'saar_holds_total{kind="paused",outcome="ready"} 1.0' in metrics
         assert get_json(f"{stack.processor_http}/healthz")["status"] == "ok"
 
 

@@ -7,11 +7,13 @@ import json
 import re
 import shutil
 import subprocess
+from dataclasses import replace
 
+import httpx
 import pytest
 import yaml
 
-from extproc.observability.metrics import Metrics
+from extproc.service.app import start
 from tests.conftest import ROOT
 
 DASHBOARD = ROOT / "deploy" / "grafana" / "saar-dashboard.json"
@@ -22,10 +24,18 @@ SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"),
             "gauge": ("",), "summary": ("", "_sum", "_count")}
 
 
-def exported() -> set[str]:
-    """The series names the service's registry can export."""
+async def exported(config) -> set[str]:
+    """The series names a running service's registry exports (the runtime gauges included)."""
+    running = await start(replace(config, server=replace(config.server, grpc_port=0,
+                                                         http_port=0)))
+    try:
+        async with httpx.AsyncClient() as client:
+            assert (await client.get(f"http://127.0.0.1:{running.http_port}/metrics")).is_success
+        families = list(running.router.metrics.registry.collect())
+    finally:
+        await running.stop()
     names = set()
-    for family in Metrics().registry.collect():
+    for family in families:
         names.update(family.name + suffix for suffix in SUFFIXES[family.type])
     return names
 
@@ -43,11 +53,11 @@ def rule_exprs() -> list[str]:
 
 
 @pytest.mark.parametrize("source", ["dashboard", "rules"])
-def test_every_metric_named_is_exported(source):
+async def test_every_metric_named_is_exported(source, config):
     exprs = dashboard_exprs() if source == "dashboard" else rule_exprs()
     named = {name for expr in exprs for name in NAME.findall(expr)}
     assert named, "the file names no metric at all"
-    assert named - exported() == set()
+    assert named - await exported(config) == set()
 
 
 def test_the_dashboard_covers_what_operators_ask_for():
@@ -56,7 +66,8 @@ def test_the_dashboard_covers_what_operators_ask_for():
                    "saar_session_duration_seconds_bucket", "saar_session_turns_sum",
                    "saar_session_tool_seconds_bucket", "saar_session_switches_sum",
                    "saar_session_locked_turns_sum", "saar_store_seconds_bucket",
-                   "saar_store_errors_total"):
+                   "saar_store_errors_total", "saar_holds_total", "saar_asyncio_tasks",
+                   "saar_table_entries", "saar_gc_seconds_bucket"):
         assert wanted in named, wanted
     document = json.loads(DASHBOARD.read_text())
     ids = [panel["id"] for panel in document["panels"]]

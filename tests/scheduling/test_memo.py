@@ -48,3 +48,14 @@ def test_sessions_and_models_do_not_share_and_the_memo_is_bounded():
     assert memo.held <= 100 and len(memo) == 2  # the least recent session went first
     _, reused = memo.blocks(None, "m1", "z" * 400)
     assert reused == 0 and len(memo) == 2  # no session: nothing to remember
+
+
+def test_the_memo_keeps_at_most_its_entries_however_small_they_are():
+    memo = BlockMemo(8, max_entries=3)
+    for session in "abcde":
+        memo.blocks(session, "m", "z" * 80)
+    assert len(memo) == 3 and memo.held == 30
+    _, reused = memo.blocks("e", "m", "z" * 88)
+    assert reused == 10  # the most recent stays
+    _, reused = memo.blocks("a", "m", "z" * 88)
+    assert reused == 0  # the least recent went first

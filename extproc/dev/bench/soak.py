@@ -43,7 +43,8 @@ CAPS = {"memory": {"max_sessions": 4000, "max_owned_ids": 12000},
         "replay": {"capacity": 3000}}
 """Lower than the defaults, so a ten-minute soak fills them (the defaults take hours)."""
 CAPPED = {"sessions": ("memory", "max_sessions"), "owners": ("memory", "max_owned_ids"),
-          "replay_records": ("replay", "capacity"), "replay_index": ("replay", "capacity")}
+          "replay_records": ("replay", "capacity"), "replay_index": ("replay", "capacity"),
+          "prompt_memos": ("memory", "max_sessions")}
 TENANTS = 20
 LOOPS = 48
 TIMEOUT = 30.0
@@ -442,7 +443,7 @@ def run(config: dict[str, Any], settings: Settings) -> dict[str, Any]:
 
 
 TABLE_COLUMNS = ("sessions", "owners", "replay_records", "replay_index", "admission_programs",
-                 "prompt_memos", "large_body_tenants")
+                 "prompt_memos", "prompt_memo_blocks", "prefix_index_blocks", "large_body_tenants")
 
 
 def table(report: dict[str, Any]) -> str:
