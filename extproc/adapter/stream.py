@@ -27,8 +27,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeAlias
 
 from envoy.config.core.v3 import base_pb2 as core
@@ -40,7 +41,7 @@ from google.protobuf import struct_pb2
 from ..apis import ResponseObserver
 from ..core.paths import classify, error_style
 from ..core.refusals import record_refusal
-from ..core.router import Request, Routed, Router, issued, outcome_of
+from ..core.router import Held, Request, Routed, Router, issued, outcome_of
 from ..errors import (
     BodyTooLarge,
     LockedModelDown,
@@ -246,6 +247,7 @@ class Hold:
     timeout: float
     wait: Callable[[], Awaitable[bool]]
     then: Callable[[bool], Awaitable[Reply]]
+    since: float = field(default_factory=time.perf_counter)
 
 
 def _upstream(message: ep.ProcessingRequest) -> str | None:
@@ -317,6 +319,7 @@ class ExtProcStream:
         self._request: Request | None = None
         self._refused: tuple[Request, Facts] | None = None
         self._held_locked = False
+        self._holds: list[Held] = []
         self._headers: dict[str, str] = {}
         self._subset: frozenset[str] | None = None
         self._body: bytes = b""
@@ -394,6 +397,7 @@ class ExtProcStream:
     async def resume(self, hold: Hold, ready: bool) -> Reply | Hold:
         """The answer a hold was waiting to give (``ready``: what it waited for happened), or
         another hold (a resumed session whose locked model is down)."""
+        self._holds.append(Held(hold.kind, hold.since, time.perf_counter()))
         try:
             return await hold.then(ready)
         except RoutingError as exc:
@@ -625,7 +629,7 @@ class ExtProcStream:
             facts = await self._state.load(request.query)
         self._refused = (request, facts)
         routed = self._router.route(request, facts, subset=self._subset,
-                                    admit_paused=admit_paused)
+                                    admit_paused=admit_paused, holds=self._holds)
         self._routed = routed
         return routed
 

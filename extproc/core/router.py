@@ -21,7 +21,7 @@ import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import xxhash
 
@@ -76,6 +76,18 @@ class Timings:
     scheduling: float
     plugins: Mapping[str, float] = field(default_factory=dict)
     """The scheduler's timing of each of its plugins, in the order they ran."""
+    held: float = 0.0
+    """Seconds the request waited at the processor (its holds), taken out of ``load``."""
+
+
+class Held(NamedTuple):
+    """One wait of a request at the processor before it was routed (``perf_counter`` times):
+    admission paused its session, its lock's model was out, its large body waited for its
+    tenant's budget. The record lists them; they are not the router's own time."""
+
+    kind: str
+    since: float
+    until: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,9 +205,11 @@ class Router:
         *,
         subset: frozenset[str] | None = None,
         admit_paused: bool = False,
+        holds: Iterable[Held] = (),
     ) -> Routed:
         """Decide where the request goes: model, then worker. Raises ``RoutingError`` (already
-        counted); ``SessionPaused`` unless ``admit_paused`` (a hold that timed out)."""
+        counted); ``SessionPaused`` unless ``admit_paused`` (a hold that timed out). ``holds``:
+        where the request waited before this call (recorded, and not counted as loading)."""
         began = time.perf_counter()
         summary = request.summary
         identity = chained(request.identity, facts.session_key)
@@ -237,10 +251,14 @@ class Router:
             self.metrics.errors.labels(exc.code).inc()
             raise
         placed = time.perf_counter()
+        holds = tuple(holds)
+        held = sum(max(0.0, min(h.until, began) - max(h.since, request.identified))
+                   for h in holds)
         timings = Timings(
             request.parsed - request.started, request.identified - request.parsed,
-            began - request.identified, decided - began, placed - decided,
+            began - request.identified - held, decided - began, placed - decided,
             placement.result.durations if placement.result is not None else {},
+            sum(h.until - h.since for h in holds),
         )
         now = self.clock()
         replay_id = self.replay.new_id()
@@ -251,7 +269,7 @@ class Router:
         )
         self.replay.put(decision_record(replay_id, now, summary, identity, decision,
                                         placement, state, timings,
-                                        request.headers.get("traceparent"), cached))
+                                        request.headers.get("traceparent"), cached, holds))
         self.pools.started(placement, identity.key, summary.context_tokens)
         if placement.worker is not None:
             self.metrics.worker_picks.labels(decision.model, placement.worker).inc()
@@ -477,13 +495,15 @@ def decision_record(
     timings: Timings | None = None,
     traceparent: str | None = None,
     cached: Mapping[str, int | None] | None = None,
+    holds: Iterable[Held] = (),
 ) -> dict[str, Any]:
     """The content-free replay record of one decision; ``memory`` is the session's record as
     the decision saw it (``previous_replay_id`` chains a session's records). It holds what
     ``saar replay what-if`` needs to decide the turn again (the matched decision and whether it
     matched on content, a fingerprint of the provider state referenced, the tokens SAAR's
-    pricing measured cached on each model's best worker), the core's timings,
-    and the client's W3C ``traceparent`` when well formed (the service's span continues it)."""
+    pricing measured cached on each model's best worker), the core's timings, the request's
+    holds at the processor, and the client's W3C ``traceparent`` when well formed (the
+    service's span continues it)."""
     base = decision.base
     result = placement.result
     return {
@@ -582,7 +602,10 @@ def decision_record(
             "saar": _us(timings.saar),
             "scheduling": _us(timings.scheduling),
             "plugins": {name: _us(seconds) for name, seconds in timings.plugins.items()},
+            "held": _us(timings.held),
         },
+        "holds": [{"kind": h.kind, "ms": round((h.until - h.since) * 1e3, 1)} for h in holds]
+        or None,
         "traceparent": traceparent
         if traceparent is not None and _TRACEPARENT.fullmatch(traceparent) else None,
     }

@@ -99,8 +99,11 @@ class RouteSpans:
         plugin_at = at
         for plugin, micros in (timings.get("plugins") or {}).items():
             plugin_at = self._child(f"saar.scheduling.{plugin}", within, plugin_at, micros)
-        span.end(end_time=max(plugin_at, at + int(scheduling * 1000)))
-        root.end(end_time=end)
+        finished = max(plugin_at, at + int(scheduling * 1000))
+        span.end(end_time=finished)
+        # The plugins' times are rounded one by one in the record: their sum may pass the
+        # scheduling total by a few nanoseconds, and a child must not outlast its parent.
+        root.end(end_time=max(end, finished))
 
     def _child(self, name: str, parent: Any, start: int, micros: float) -> int:
         end = start + int(micros * 1000)

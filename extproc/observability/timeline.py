@@ -5,9 +5,10 @@ sub-agents, each named after its parent, so a sub-agent's track sits under its p
 track, one slice per turn, holding the router's own time (``route``: parsing, the state load,
 SAAR, scheduling), the time to the response headers (``ttft``: the first token of a streamed
 answer) and the rest (``decode``); between turns, the tool time (``tool``: the answer called
-tools) or the client's own (``idle``). Instant marks flag switches, locks, resets and errors,
-each carrying the replay id and the reason. Times are microseconds since the first
-record (``otherData.origin_unix_s``); the web view draws this same document.
+tools) or the client's own (``idle``). Instant marks flag switches, locks, resets, holds (the
+request waited at the processor before it was routed) and errors, each carrying the replay id
+and the reason. Times are microseconds since the first record (``otherData.origin_unix_s``);
+the web view draws this same document.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from .replay import Record, SessionKey, session_key
 
 Event = dict[str, Any]
 ROUTE_PARTS = ("parse", "identity", "load", "saar", "scheduling")
+HOLDS = {"paused": "admission paused the session", "locked": "its lock's model was out",
+         "large_body": "its large body waited for the budget"}
 
 
 @dataclass(slots=True)
@@ -172,6 +175,9 @@ def _marks(record: Record, outcome: dict[str, Any]) -> list[tuple[str, str]]:
         marks.append((f"lock: {record['lock']}", reason))
     if record.get("reset"):
         marks.append((f"reset: {record['reset']}", reason))
+    for hold in record.get("holds") or ():
+        marks.append((f"held: {hold['kind']}", f"waited {hold['ms']} ms at the processor "
+                                               f"({HOLDS.get(hold['kind'], hold['kind'])})"))
     status = outcome.get("status")
     if (status is not None and status >= 400) or outcome.get("aborted"):
         marks.append(("error", f"status {status}" if status else "aborted by the client"))

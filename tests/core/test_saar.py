@@ -340,3 +340,25 @@ def test_facts_loaded_from_the_headers_cover_a_turn_continuing_the_last_answer(d
     other_session = router.read(Api.CHAT, {**headers, "x-session-id": "s2"}, chat(HARD))
     assert not router.covers(other_session, facts)
     assert router.prefetch({"authorization": "Bearer k"}) is None  # only the body can tell
+
+
+def test_holds_are_recorded_and_not_counted_as_loading(driver):
+    import time as wall
+
+    from extproc.core.router import Held
+
+    router, local = driver.router, driver.local
+    request = router.read(Api.CHAT, {"x-session-id": "h"}, chat(HARD))
+    facts = local.store.load_now(request.query)
+    before = Held("large_body", request.started - 5.0, request.started)  # before the read
+    wall.sleep(0.1)  # admission paused the session between the read and the route
+    after = Held("paused", request.identified, wall.perf_counter())
+    routed = router.route(request, facts, holds=[before, after])
+    record = driver.record(routed)
+    assert [h["kind"] for h in record["holds"]] == ["large_body", "paused"]
+    timings = record["timings_us"]
+    assert timings["held"] == pytest.approx(1e6 * (after.until - after.since + before.until
+                                                    - before.since), rel=1e-3)
+    assert 0 <= timings["load"] < 50_000, "the pause is the hold's time, not the load's"
+    plain = router.route(router.read(Api.CHAT, {"x-session-id": "p"}, chat(HARD)), facts)
+    assert driver.record(plain)["holds"] is None

@@ -89,9 +89,11 @@ def admission_stack(tmp_path, on_paused: str):
                      sim_args=["--num-gpu-blocks", "64"], workdir=tmp_path / on_paused)
 
 
-def oversized_turn(client: OpenAI) -> None:
-    client.chat.completions.create(
+def oversized_turn(client: OpenAI) -> str:
+    """One turn far over the worker's KV; its replay id."""
+    answer = client.chat.completions.with_raw_response.create(
         model="qwen3-8b", messages=[{"role": "user", "content": context(99, words=2500)}])
+    return answer.headers["x-replay-id"]
 
 
 def test_paused_session_is_rejected_with_retry_after(tmp_path):
@@ -121,10 +123,18 @@ def test_paused_session_is_held_until_resumed(tmp_path):
             assert time.monotonic() < deadline, "admission never paused the session"
             time.sleep(0.05)
         started = time.monotonic()
-        oversized_turn(client)  # held at the processor, then served: no error reaches the agent
-        assert time.monotonic() - started > 0.3
+        # held at the processor, then served: no error reaches the agent
+        replay_id = oversized_turn(client)
+        waited = time.monotonic() - started
+        assert waited > 0.3
         metrics = httpx.get(f"{stack.processor_http}/metrics").text
         assert 'saar_holds_total{kind="paused",outcome="ready"} 1.0' in metrics
+        record = get_json(f"{stack.processor_http}/v1/replay/{replay_id}")
+        [hold] = record["holds"]
+        assert hold["kind"] == "paused" and 300 < hold["ms"] < waited * 1000
+        timings = record["timings_us"]  # the wait is the hold's, not the router's loading
+        assert timings["held"] / 1000 == pytest.approx(hold["ms"], abs=0.2)
+        assert timings["load"] < 50_000
         assert get_json(f"{stack.processor_http}/healthz")["status"] == "ok"
 
 

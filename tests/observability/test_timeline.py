@@ -49,14 +49,17 @@ def test_sub_agents_nest_under_their_root_and_orphans_get_a_process():
 def test_streamed_turns_split_into_ttft_and_decode_and_errors_are_marked():
     document = timeline([
         turn(1, 0.0, "s", stream=True, headers_ms=40.0, latency_ms=100.0),
-        turn(2, 1.0, "s", status=503, previous_model="a", action="switch"),
+        turn(2, 1.0, "s", status=503, previous_model="a", action="switch",
+             holds=[{"kind": "paused", "ms": 812.5}]),
     ])
     events = document["traceEvents"]
     parts = {e["cat"]: (e["ts"], e["dur"]) for e in events if e.get("cat") in ("ttft", "decode")}
     assert parts == {"ttft": (0.0, 40_000.0), "decode": (40_000.0, 60_000.0)}
     marks = {e["name"]: e["args"] for e in events if e["ph"] == "i"}
     assert marks == {"switch a → m": {"replay_id": "rp-2", "reason": "r"},
-                     "error": {"replay_id": "rp-2", "reason": "status 503"}}
+                     "error": {"replay_id": "rp-2", "reason": "status 503"},
+                     "held: paused": {"replay_id": "rp-2", "reason": "waited 812.5 ms at the "
+                                      "processor (admission paused the session)"}}
     gaps = [e for e in events if e.get("cat") == "idle"]
     assert len(gaps) == 1, "no tools were called: the gap is the client's own"
 
