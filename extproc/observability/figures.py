@@ -4,7 +4,8 @@ per-session figures (duration, turns, tool time between turns, switches, locked 
 A session has no reliable end on the wire (few harnesses send ``x-dynamo-session-final``), so
 its figures are observed when it ends one of three ways: its final request was answered, it has
 been idle for ``idle_seconds`` (checked as records land and on every ``/metrics`` scrape), or it
-is the oldest of ``max_sessions`` tracked. Everything is O(1) per record, the table bounded.
+is the oldest of ``max_sessions`` tracked (as many as the router remembers). Everything is
+O(1) per record, the table bounded.
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ from dataclasses import dataclass
 from ..types import Clock
 from .metrics import Metrics
 from .replay import Record, SessionKey, session_key
-
-MAX_SESSIONS = 100_000
 
 
 @dataclass(slots=True)
@@ -42,7 +41,7 @@ class Figures:
         *,
         clock: Clock,
         idle_seconds: float,
-        max_sessions: int = MAX_SESSIONS,
+        max_sessions: int,
     ) -> None:
         self._metrics = metrics
         self._clock = clock
@@ -50,6 +49,9 @@ class Figures:
         self._max = max_sessions
         self._sessions: OrderedDict[SessionKey, _Session] = OrderedDict()
         """Least recently active first."""
+
+    def __len__(self) -> int:
+        return len(self._sessions)
 
     def recorded(self, record: Record) -> None:
         for plugin, micros in ((record.get("timings_us") or {}).get("plugins") or {}).items():

@@ -27,6 +27,11 @@ from ..types import Clock
 
 Record = dict[str, Any]
 SESSION_RECORDS_KEPT = 256
+HOT = 512
+"""The newest records kept as dicts (their outcomes are still arriving); older ones are kept
+packed (JSON bytes): a record is a nest of a dozen dicts and lists, and ten thousand of them
+would be the largest part of what every full garbage collection walks, with the event loop
+stopped."""
 ID_PREFIX = "rp-"
 ID_BYTES = 16
 
@@ -89,7 +94,10 @@ class ReplayStore:
         self, capacity: int, sink: JsonlSink | None = None, *, clock: Clock = time.time
     ) -> None:
         self._capacity = capacity
-        self._records: OrderedDict[str, Record] = OrderedDict()
+        self._records: OrderedDict[str, tuple[SessionKey | None, Record | bytes]] = OrderedDict()
+        """Oldest first: the record's session (to unindex it when it leaves) and the record,
+        packed unless among the ``HOT`` newest (``_hot``)."""
+        self._hot: deque[str] = deque()
         self._sessions: OrderedDict[SessionKey, deque[str]] = OrderedDict()
         """Most recently active session last; each holds ids of kept records, oldest first."""
         self._sink = sink
@@ -105,10 +113,13 @@ class ReplayStore:
 
     def put(self, record: Record) -> None:
         replay_id = record["replay_id"]
-        self._records[replay_id] = record
+        key = session_key(record)
+        self._records[replay_id] = (key, record)
+        self._hot.append(replay_id)
+        if len(self._hot) > HOT:
+            self._pack(self._hot.popleft())
         if len(self._records) > self._capacity:
             self._evicted(*self._records.popitem(last=False))
-        key = session_key(record)
         if key is not None:
             ids = self._sessions.get(key)
             if ids is None:
@@ -126,13 +137,16 @@ class ReplayStore:
         part (the status and worker; what a streamed answer carried), in either order. The
         status arrives with the response headers: ``headers_ms`` stamps when, after the
         decision (the time to first byte of a streamed answer)."""
-        record = self._records.get(replay_id)
+        kept = self._records.get(replay_id)
+        record = None if kept is None else _unpacked(kept[1])
         if record is not None:
             done = record.setdefault("outcome", {})
             if "status" in outcome and "headers_ms" not in done:
                 outcome = {**outcome,
                            "headers_ms": round((self._clock() - record["time"]) * 1000, 3)}
             done.update(outcome)
+            if kept is not None and isinstance(kept[1], bytes):  # a late outcome: pack again
+                self._records[replay_id] = (kept[0], orjson.dumps(record))
         if self._sink is not None:
             self._sink.write({"event": "outcome", "replay_id": replay_id, "outcome": outcome})
         if record is not None:
@@ -140,7 +154,9 @@ class ReplayStore:
                 listener.completed(record)
 
     def get(self, replay_id: str) -> Record | None:
-        return self._records.get(replay_id)
+        """The record (a copy when it was packed: changing it changes nothing kept)."""
+        kept = self._records.get(replay_id)
+        return None if kept is None else _unpacked(kept[1])
 
     def for_session(self, session_id: str, tenant: str | None = None) -> list[Record]:
         """The kept records of ``tenant``'s session ``session_id`` in time order; every
@@ -150,7 +166,7 @@ class ReplayStore:
         else:
             keys = [k for k in self._sessions if k[1] == session_id]
         found = [r for key in keys for i in self._sessions.get(key, ())
-                 if (r := self._records.get(i)) is not None]
+                 if (r := self.get(i)) is not None]
         return sorted(found, key=lambda r: r["time"]) if len(keys) > 1 else found
 
     def sessions(self, tenant: str | None = None, limit: int = 50) -> list[SessionKey]:
@@ -168,7 +184,7 @@ class ReplayStore:
         found = []
         for key, ids in self._sessions.items():
             if key[0] == tenant and ids:
-                record = self._records.get(ids[-1])
+                record = self.get(ids[-1])
                 if record is not None and (record.get("session") or {}).get("parent") == \
                         session_id:
                     found.append(key)
@@ -185,9 +201,14 @@ class ReplayStore:
         if self._sink is not None:
             self._sink.close()
 
-    def _evicted(self, replay_id: str, record: Record) -> None:
+    def _pack(self, replay_id: str) -> None:
+        kept = self._records.get(replay_id)
+        if kept is not None and not isinstance(kept[1], bytes):
+            self._records[replay_id] = (kept[0], orjson.dumps(kept[1]))
+
+    def _evicted(self, replay_id: str, kept: tuple[SessionKey | None, Record | bytes]) -> None:
         """Records leave oldest first, so an evicted record still indexed heads its session."""
-        key = session_key(record)
+        key = kept[0]
         if key is None:
             return
         ids = self._sessions.get(key)
@@ -195,6 +216,10 @@ class ReplayStore:
             ids.popleft()
             if not ids:
                 del self._sessions[key]
+
+
+def _unpacked(record: Record | bytes) -> Record:
+    return orjson.loads(record) if isinstance(record, bytes) else record
 
 
 def _events(path: str | Path) -> Iterator[Record]:

@@ -33,8 +33,9 @@ _xxh3 = xxhash.xxh3_64_intdigest
 @dataclass(slots=True)
 class _Memo:
     hashes: array[int]
-    marks: list[tuple[int, int]]
-    """(blocks, digest of the bytes those blocks cover), ascending."""
+    marks: tuple[tuple[int, int], ...]
+    """(blocks, digest of the bytes those blocks cover), ascending (tuples: the garbage
+    collector stops tracking them)."""
 
 
 class BlockMemo:
@@ -70,7 +71,7 @@ class BlockMemo:
         hashes = _hash(data, self.block, model, reused, base)
         if memo is not None:
             self._held -= len(memo.hashes)
-        self._memos[key] = _Memo(hashes, marks)
+        self._memos[key] = _Memo(hashes, tuple(marks))
         self._held += len(hashes)
         while len(self._memos) > 1 and (
                 self._held > self._max or len(self._memos) > self._max_entries):

@@ -150,7 +150,7 @@ async def start(config: Config, router: Router | None = None) -> RunningService:
     options = StreamOptions(config.routing.model_header, config.scheduling.pool_name)
     processor = ExternalProcessor(router, state, options)
     ep_grpc.add_ExternalProcessorServicer_to_server(processor, server)
-    runtime.register(router, state, processor.bodies)
+    runtime.register(router, state, processor.bodies, telemetry.figures)
     replay_pb2_grpc.add_ReplayServicer_to_server(
         ReplayService(telemetry.lookup, telemetry.auth), server)
     health_servicer = health.aio.HealthServicer()

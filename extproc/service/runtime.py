@@ -4,8 +4,8 @@
 * ``saar_table_entries{table}``: the size of every bounded table the router keeps — session
   records and owners of the local store, replay records and their per-session index,
   admission programs, the prompt memos and their blocks, the prefix index's blocks, the
-  session-prefix index, KV hint sessions, tenants with large bodies in flight (a fixed set of
-  names: bounded series);
+  session-prefix index, KV hint sessions, tenants with large bodies in flight, the sessions
+  whose figures are being gathered (a fixed set of names: bounded series);
 * ``saar_gc_seconds{generation}``: the garbage collector's pauses (they stop the event loop);
 * ``process_resident_memory_bytes`` and the rest of Prometheus' process collector.
 """
@@ -79,7 +79,8 @@ class GcTimer:
             gc.callbacks.remove(self)
 
 
-def register(router: Router, state: StateLayer, large_bodies: Any = None) -> RuntimeCollector:
+def register(router: Router, state: StateLayer, large_bodies: Any = None,
+             figures: Any = None) -> RuntimeCollector:
     """Export the gauges in the router's registry (once per registry; a second service on the
     same router takes them over)."""
     registry = router.metrics.registry
@@ -106,6 +107,7 @@ def register(router: Router, state: StateLayer, large_bodies: Any = None) -> Run
         "session_prefix_blocks": lambda: None if pools.sessions is None else pools.sessions.blocks,
         "kv_hint_sessions": lambda: None if pools.hints is None else len(pools.hints),
         "large_body_tenants": lambda: None if large_bodies is None else len(large_bodies),
+        "session_figures": lambda: None if figures is None else len(figures),
     }
     return collector
 

@@ -39,7 +39,8 @@ class Telemetry:
         the running event loop)."""
         listeners: list[RecordListener] = []
         figures = Figures(router.metrics, clock=router.clock,
-                          idle_seconds=config.observability.session_idle_seconds)
+                          idle_seconds=config.observability.session_idle_seconds,
+                          max_sessions=config.memory.max_sessions)
         listeners.append(figures)
         shared = _shared(config, router.metrics)
         if shared is not None:

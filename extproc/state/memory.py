@@ -7,9 +7,9 @@ serves while the shared store is unreachable. Everything is O(1) per request.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-
-from cachetools import TTLCache
+from collections import OrderedDict
+from collections.abc import Hashable, Iterator, Mapping, Sequence
+from typing import Generic, TypeVar
 
 from ..config import Config
 from ..types import Clock
@@ -26,6 +26,72 @@ from .records import (
 )
 from .store import Applied, Facts, Query
 
+_Plain = tuple[str, str | None, str | None]
+
+
+def _plain(owner: Owner) -> _Plain:
+    return (owner.model, owner.worker, owner.session)
+
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class Expiring(Generic[K, V]):
+    """A bounded map whose entries expire ``ttl`` after their last write; when full, the oldest
+    write leaves first. One TTL for all keeps the order of writes the order of expiry, so
+    expiring and evicting both take from the front (O(1) amortised). Unlike a cachetools
+    ``TTLCache`` it allocates no link object per entry: the garbage collector, whose full
+    collections stop the event loop, sees only the values."""
+
+    def __init__(self, maxsize: int, ttl: float, clock: Clock) -> None:
+        self._max, self._ttl, self._clock = maxsize, ttl, clock
+        self._values: OrderedDict[K, V] = OrderedDict()
+        self._expires: dict[K, float] = {}
+
+    def get(self, key: K) -> V | None:
+        expires = self._expires.get(key)
+        if expires is None:
+            return None
+        if expires <= self._clock():
+            self.pop(key)
+            return None
+        return self._values[key]
+
+    def __setitem__(self, key: K, value: V) -> None:
+        now = self._clock()
+        self._values[key] = value
+        self._values.move_to_end(key)
+        self._expires[key] = now + self._ttl
+        self._expire(now)
+
+    def __contains__(self, key: K) -> bool:
+        return self.get(key) is not None
+
+    def setdefault(self, key: K, value: V) -> None:
+        if key not in self:
+            self[key] = value
+
+    def pop(self, key: K) -> None:
+        if self._values.pop(key, None) is not None:
+            del self._expires[key]
+
+    def items(self) -> Iterator[tuple[K, V]]:
+        self._expire(self._clock())
+        return iter(list(self._values.items()))
+
+    def __len__(self) -> int:
+        self._expire(self._clock())
+        return len(self._values)
+
+    def _expire(self, now: float) -> None:
+        values, expires = self._values, self._expires
+        while values:
+            oldest = next(iter(values))
+            if expires[oldest] > now and len(values) <= self._max:
+                return
+            del values[oldest], expires[oldest]
+
 
 class MemoryStore:
     def __init__(
@@ -38,12 +104,11 @@ class MemoryStore:
         owner_ttl: float,
     ) -> None:
         self._clock = clock
-        self._sessions: TTLCache[str, SessionRecord] = TTLCache(
-            maxsize=max_sessions, ttl=session_ttl, timer=clock
-        )
-        self._owners: TTLCache[str, Owner] = TTLCache(
-            maxsize=max_owned_ids, ttl=owner_ttl, timer=clock
-        )
+        self._sessions: Expiring[str, SessionRecord] = Expiring(max_sessions, session_ttl, clock)
+        self._owners: Expiring[str, _Plain] = Expiring(
+            max_owned_ids, owner_ttl, clock)
+        """Kept as plain tuples, which the garbage collector stops tracking (an ``Owner`` is a
+        tuple subclass, and those it tracks for ever)."""
 
     @classmethod
     def from_config(cls, config: Config, clock: Clock) -> MemoryStore:
@@ -77,12 +142,12 @@ class MemoryStore:
             if key not in self._sessions:
                 self.put(key, record)
         for key, owner in (owners or {}).items():
-            self._owners.setdefault(key, owner)
+            self._owners.setdefault(key, _plain(owner))
 
     def everything(self) -> tuple[dict[str, SessionRecord], dict[str, Owner]]:
         """Every live record and owner (to seed a shared store that lost them)."""
-        return ({k: r.copy() for k, r in list(self._sessions.items())},
-                dict(list(self._owners.items())))
+        return ({k: r.copy() for k, r in self._sessions.items()},
+                {k: Owner(*o) for k, o in self._owners.items()})
 
     async def ping(self) -> None:
         return None
@@ -93,7 +158,7 @@ class MemoryStore:
     # -- synchronous, for the evaluation and the simulators --------------------------------
 
     def load_now(self, query: Query) -> Facts:
-        owners = {k: o for k in query.ids if (o := self._owners.get(k)) is not None}
+        owners = {k: Owner(*o) for k in query.ids if (o := self._owners.get(k)) is not None}
         key = query.session
         if key is None and query.chain is not None:
             chained = owners.get(query.chain)
@@ -105,10 +170,11 @@ class MemoryStore:
         switches: list[tuple[str, str]] = []
         for write in writes:
             if isinstance(write, Claim):
+                owner = _plain(write.owner)
                 for key in write.keys:
-                    self._owners[key] = write.owner
+                    self._owners[key] = owner
             elif isinstance(write, Forget):
-                self._sessions.pop(write.session_key, None)
+                self._sessions.pop(write.session_key)
             elif isinstance(write, Commit | Finish):
                 session = session_of(write)
                 if session is None:
@@ -127,7 +193,7 @@ class MemoryStore:
 
     def put_owners(self, owners: dict[str, Owner]) -> None:
         for key, owner in owners.items():
-            self._owners[key] = owner
+            self._owners[key] = _plain(owner)
 
     def record(self, key: str) -> SessionRecord | None:
         found = self._sessions.get(key)

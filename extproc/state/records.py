@@ -15,7 +15,8 @@ turn arriving in either order all end in the same record. Both are idempotent pe
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import msgpack
 import orjson
@@ -39,14 +40,14 @@ class SessionRecord:
     """The worker that served the last committed turn: its KV holds the session."""
     turns: int = 0
     switches: int = 0
-    switch_times: list[float] = field(default_factory=list)
+    switch_times: tuple[float, ...] = ()
     context_tokens: int = 0
     estimated_reuse_tokens: int = 0
     reported_prompt_tokens: int = 0
     reported_cached_tokens: int = 0
     last_replay_id: str | None = None
-    recent: list[str] = field(default_factory=list)
-    issued: list[str] = field(default_factory=list)
+    recent: tuple[str, ...] = ()
+    issued: tuple[str, ...] = ()
     """Ids the last answer issued (tool calls, its response, provider state), owned by this
     record's model on ``issued_worker``: a request continuing them needs no owner lookup."""
     issued_worker: str | None = None
@@ -65,20 +66,21 @@ class SessionRecord:
         return self.reported_cached_tokens / self.reported_prompt_tokens
 
     def copy(self) -> SessionRecord:
-        """Every field, its lists copied (spelt out: ``dataclasses.replace`` costs ten times
-        as much, and a record is copied on every load and write)."""
+        """Every field (spelt out: ``dataclasses.replace`` costs ten times as much, and a
+        record is copied on every load and write; its sequences are tuples, shared)."""
         return SessionRecord(
             self.model, self.decision, self.phase, self.last_seen, self.worker, self.turns,
-            self.switches, list(self.switch_times), self.context_tokens,
+            self.switches, self.switch_times, self.context_tokens,
             self.estimated_reuse_tokens, self.reported_prompt_tokens,
-            self.reported_cached_tokens, self.last_replay_id, list(self.recent),
-            list(self.issued), self.issued_worker, self.last_started, self.version,
+            self.reported_cached_tokens, self.last_replay_id, self.recent,
+            self.issued, self.issued_worker, self.last_started, self.version,
         )
 
 
-@dataclass(frozen=True, slots=True)
-class Owner:
-    """Who issued an id: the model (the lock), its worker (the pin) and the session it went to."""
+class Owner(NamedTuple):
+    """Who issued an id: the model (the lock), its worker (the pin) and the session it went to.
+    A tuple of strings, so the garbage collector stops tracking the million a store may keep
+    (their full collections stop the event loop)."""
 
     model: str
     worker: str | None = None
@@ -174,12 +176,12 @@ def commit(
         record = SessionRecord(turn.model, turn.decision, turn.phase, now)
     elif turn.started < record.last_started:
         record.turns += 1
-        record.recent = [*record.recent[-(RECENT_TURNS_KEPT - 1):], turn.replay_id]
+        record.recent = (*record.recent[-(RECENT_TURNS_KEPT - 1):], turn.replay_id)
         return record, False
     moved = turn.switched and record.model != turn.model
     if moved:
         record.switches += 1
-        record.switch_times = [*record.switch_times[-(SWITCH_TIMES_KEPT - 1):], turn.started]
+        record.switch_times = (*record.switch_times[-(SWITCH_TIMES_KEPT - 1):], turn.started)
         record.estimated_reuse_tokens = 0
     else:
         record.estimated_reuse_tokens = record.context_tokens
@@ -192,8 +194,8 @@ def commit(
     record.context_tokens = turn.context_tokens
     record.last_replay_id = turn.replay_id
     record.last_started = turn.started
-    record.recent = [*record.recent[-(RECENT_TURNS_KEPT - 1):], turn.replay_id]
-    record.issued, record.issued_worker = [], None  # answered, or left behind by this turn
+    record.recent = (*record.recent[-(RECENT_TURNS_KEPT - 1):], turn.replay_id)
+    record.issued, record.issued_worker = (), None  # answered, or left behind by this turn
     return record, moved
 
 
@@ -211,7 +213,7 @@ def finish(
         record.phase = Phase.TOOL_LOOP
     elif record.phase is Phase.TOOL_LOOP:
         record.phase = Phase.NORMAL
-    record.issued = list(done.issued[:ISSUED_KEPT])
+    record.issued = tuple(done.issued[:ISSUED_KEPT])
     record.issued_worker = done.turn.worker
     usage = done.usage
     if usage is not None:
@@ -260,8 +262,8 @@ def unpack_record(data: bytes, version: int) -> SessionRecord:
      reuse, prompt, cached, last_replay_id, recent, issued, issued_worker,
      last_started) = msgpack.unpackb(data)
     return SessionRecord(model, decision, Phase(phase), last_seen, worker, turns, switches,
-                         list(switch_times), context, reuse, prompt, cached, last_replay_id,
-                         list(recent), list(issued), issued_worker, last_started, version)
+                         tuple(switch_times), context, reuse, prompt, cached, last_replay_id,
+                         tuple(recent), tuple(issued), issued_worker, last_started, version)
 
 
 OWNER_SEPARATOR = "\x00"

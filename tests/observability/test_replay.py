@@ -4,6 +4,7 @@ by tenant and session; the JSONL sink round-trips; listeners see every record an
 from __future__ import annotations
 
 from extproc.observability.replay import (
+    HOT,
     SESSION_RECORDS_KEPT,
     JsonlSink,
     ReplayStore,
@@ -26,7 +27,24 @@ def test_the_index_never_holds_more_ids_than_the_records_kept():
     assert len(store.sessions(limit=10_000)) <= 1000
     for session in ("s0", "s399"):
         found = store.for_session(session)
-        assert found and all(store.get(r["replay_id"]) is r for r in found)
+        assert found and all(store.get(r["replay_id"]) == r for r in found)
+
+
+def test_older_records_are_kept_packed_and_still_take_late_outcomes():
+    store = ReplayStore(capacity=10 * HOT)
+    first = record("rp-first", "s")
+    first["worker"] = {"picked": "10.0.0.1:8000", "scores": {"10.0.0.1:8000": 0.5}}
+    store.put(first)
+    for n in range(2 * HOT):
+        store.put(record(f"rp-{n}", f"s{n % 7}"))
+    assert store.get("rp-first") == first and store.get("rp-first") is not first, "packed"
+    assert store.get(f"rp-{2 * HOT - 1}") is store.get(f"rp-{2 * HOT - 1}"), "hot: the dict"
+    store.complete("rp-first", {"status": 200, "latency_ms": 12.5})  # a long answer's outcome
+    kept = store.get("rp-first")
+    assert kept["outcome"]["status"] == 200 and kept["outcome"]["latency_ms"] == 12.5
+    kept["model"] = "changed"
+    assert "model" not in store.get("rp-first"), "a copy: changing it changes nothing kept"
+    assert [r["replay_id"] for r in store.for_session("s")] == ["rp-first"]
 
 
 def test_a_session_keeps_its_newest_ids_and_evicted_sessions_leave_the_index():

@@ -82,7 +82,7 @@ async def test_sent_writes_reach_the_store_in_order(servers, prefix):
         state.send([Commit(turn(n))])
     await state.stop()  # drains what was sent
     recent = (await reader.load(Query("t/s"))).session.recent
-    assert recent[-5:] == [f"rp-{n}" for n in range(1, 6)]
+    assert recent[-5:] == tuple(f"rp-{n}" for n in range(1, 6))
     await reader.stop()
 
 
@@ -116,7 +116,7 @@ async def test_an_outage_serves_locally_then_writes_back_what_it_learnt(restarta
     other = layer(url, "o")
     facts = await other.load(Query("t/s", tuple(owner_key("t", f"call_{n}") for n in (1, 2, 3))))
     # The store came back empty: the session was seeded from the local copy, nothing lost.
-    assert (facts.session.turns, facts.session.recent) == (2, ["rp-1", "rp-2"])
+    assert (facts.session.turns, facts.session.recent) == (2, ("rp-1", "rp-2"))
     assert set(facts.owners) == {owner_key("t", f"call_{n}") for n in (2, 3)}
     assert (await state.load(Query("t/s", (owner_key("t", "call_1"),)))).owners  # still here
     await other.stop()

@@ -126,7 +126,7 @@ async def test_two_replicas_racing_on_a_session_never_undo_a_lock(server, prefix
     assert applied.switches == ()  # A already moved the session: not a second switch
     record = (await a.load(Query("t/s"))).session
     assert (record.turns, record.switches, record.model) == (3, 1, "m2")
-    assert record.recent[-3:] == ["rp-1", "rp-2", "rp-3"]
+    assert record.recent[-3:] == ("rp-1", "rp-2", "rp-3")
     await a.close()
     await b.close()
 

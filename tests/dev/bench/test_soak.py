@@ -37,6 +37,15 @@ def test_growth_is_called_out():
     assert not v["series_bounded"] and not v["no_task_leak"] and not v["p99_stable"]
 
 
+def test_the_caps_are_reached_when_the_prefix_index_stops_filling():
+    windows = [window(10 * i, 100 + min(i, 5) * 5, min(100, 40 * i), 500) for i in range(1, 9)]
+    for i, w in enumerate(windows):  # the workers' KV bounds it: full at the fifth window
+        w.state["tables"]["prefix_index_blocks"] = min(4096, 1000 * (i + 1))
+    v = verdicts(windows, CAPS)
+    assert v["caps_reached_at_s"] == 60, "the first window showing the index's count again"
+    assert v["rss_flat"] and v["tables_bounded"]
+
+
 @pytest.mark.e2e
 def test_the_soak_runs_and_samples_every_window(capsys):
     assert main(["bench", "soak", "--minutes", "0.25", "--rate", "20", "--window", "5",
