@@ -382,8 +382,7 @@ class ExtProcStream:
                 return await self._on_request_body(request.request_body)
             if kind == "request_trailers" and self._waiting:
                 self._trailers = True
-                hold = self._admit(self._size, lambda: self._route_gathered(admit_paused=False))
-                return hold or await self._route_gathered(admit_paused=False)
+                return await self._gated(self._size, self._route_whole)
             if kind == "response_headers":
                 return await self._on_response_headers(request)
             if kind == "response_body":
@@ -516,21 +515,25 @@ class ExtProcStream:
         reply = ep.ProcessingResponse(request_headers=ep.HeadersResponse(response=common))
         length = self._headers.get("content-length", "")
         if length.isdigit():
-            hold = self._admit(int(length), lambda: _ready(reply))
-            if hold is not None:
-                return hold
+            return self._admit(int(length), lambda: _ready(reply)) or reply
         return reply
 
     async def _on_request_body(self, message: ep.HttpBody) -> ep.ProcessingResponse | Hold:
         if self._api is None:
             return _passthrough("request_body")
         self._body = message.body
-        hold = self._admit(len(self._body), lambda: self._route(admit_paused=False))
-        if hold is not None:
-            return hold
-        return await self._route(admit_paused=False)
+        return await self._gated(len(self._body), lambda: self._route(admit_paused=False))
 
     # -- large bodies ----------------------------------------------------------------------
+
+    async def _gated(self, size: int, go: Callable[[], Awaitable[Reply]]) -> Reply | Hold:
+        """``go()`` once a body of ``size`` is past the large-body gate; a hold for it when
+        the body must wait its turn."""
+        return self._admit(size, go) or await go()
+
+    async def _route_whole(self) -> Reply:
+        """Full duplex, the body whole (its end, or trailers): routed."""
+        return await self._route_gathered(admit_paused=False)
 
     def _admit(self, size: int, go: Callable[[], Awaitable[Reply]]) -> Hold | None:
         """A large body needs its tenant's budget and a slot: now (None), after a wait (a
@@ -585,10 +588,7 @@ class ExtProcStream:
         self._chunks.append(message.body)
         if not message.end_of_stream:
             return None
-        hold = self._admit(self._size, lambda: self._route_gathered(admit_paused=False))
-        if hold is not None:
-            return hold
-        return await self._route_gathered(admit_paused=False)
+        return await self._gated(self._size, self._route_whole)
 
     async def _route_gathered(self, *, admit_paused: bool) -> list[ep.ProcessingResponse]:
         self._body = b"".join(self._chunks)

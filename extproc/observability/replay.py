@@ -138,14 +138,15 @@ class ReplayStore:
         status arrives with the response headers: ``headers_ms`` stamps when, after the
         decision (the time to first byte of a streamed answer)."""
         kept = self._records.get(replay_id)
-        record = None if kept is None else _unpacked(kept[1])
-        if record is not None:
+        record = None
+        if kept is not None:
+            record = _unpacked(kept[1])
             done = record.setdefault("outcome", {})
             if "status" in outcome and "headers_ms" not in done:
                 outcome = {**outcome,
                            "headers_ms": round((self._clock() - record["time"]) * 1000, 3)}
             done.update(outcome)
-            if kept is not None and isinstance(kept[1], bytes):  # a late outcome: pack again
+            if isinstance(kept[1], bytes):  # a late outcome: pack it again
                 self._records[replay_id] = (kept[0], orjson.dumps(record))
         if self._sink is not None:
             self._sink.write({"event": "outcome", "replay_id": replay_id, "outcome": outcome})

@@ -24,7 +24,9 @@ from prometheus_client import CollectorRegistry, Histogram, ProcessCollector
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from ..adapter.gate import LargeBodies
 from ..core.router import Router
+from ..observability.figures import Figures
 from ..state.layer import StateLayer
 
 _REGISTERED: weakref.WeakKeyDictionary[CollectorRegistry, RuntimeCollector] = (
@@ -79,8 +81,8 @@ class GcTimer:
             gc.callbacks.remove(self)
 
 
-def register(router: Router, state: StateLayer, large_bodies: Any = None,
-             figures: Any = None) -> RuntimeCollector:
+def register(router: Router, state: StateLayer, large_bodies: LargeBodies,
+             figures: Figures) -> RuntimeCollector:
     """Export the gauges in the router's registry (once per registry; a second service on the
     same router takes them over)."""
     registry = router.metrics.registry
@@ -106,8 +108,8 @@ def register(router: Router, state: StateLayer, large_bodies: Any = None,
         "prefix_index_blocks": lambda: len(pools.index),
         "session_prefix_blocks": lambda: None if pools.sessions is None else pools.sessions.blocks,
         "kv_hint_sessions": lambda: None if pools.hints is None else len(pools.hints),
-        "large_body_tenants": lambda: None if large_bodies is None else len(large_bodies),
-        "session_figures": lambda: None if figures is None else len(figures),
+        "large_body_tenants": lambda: len(large_bodies),
+        "session_figures": lambda: len(figures),
     }
     return collector
 

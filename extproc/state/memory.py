@@ -105,10 +105,9 @@ class MemoryStore:
     ) -> None:
         self._clock = clock
         self._sessions: Expiring[str, SessionRecord] = Expiring(max_sessions, session_ttl, clock)
-        self._owners: Expiring[str, _Plain] = Expiring(
-            max_owned_ids, owner_ttl, clock)
-        """Kept as plain tuples, which the garbage collector stops tracking (an ``Owner`` is a
-        tuple subclass, and those it tracks for ever)."""
+        self._owners: Expiring[str, _Plain] = Expiring(max_owned_ids, owner_ttl, clock)
+        """Kept as plain tuples of strings, which the garbage collector stops tracking: a store
+        may keep a million, and its full collections stop the event loop."""
 
     @classmethod
     def from_config(cls, config: Config, clock: Clock) -> MemoryStore:

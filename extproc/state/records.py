@@ -16,7 +16,6 @@ turn arriving in either order all end in the same record. Both are idempotent pe
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import msgpack
 import orjson
@@ -77,10 +76,9 @@ class SessionRecord:
         )
 
 
-class Owner(NamedTuple):
-    """Who issued an id: the model (the lock), its worker (the pin) and the session it went to.
-    A tuple of strings, so the garbage collector stops tracking the million a store may keep
-    (their full collections stop the event loop)."""
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """Who issued an id: the model (the lock), its worker (the pin) and the session it went to."""
 
     model: str
     worker: str | None = None

@@ -33,6 +33,7 @@ from .bodies import body
 from .load import _percentile
 from .upstream import canned_upstream
 from .variants import TRANSFORMS, pointed_at
+from .wire import post_request, read_response
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[3] / "config" / "example.yaml"
 TIMEOUT = 30.0
@@ -87,38 +88,6 @@ def heavy_body(size: int) -> bytes:
     return raw
 
 
-def _request(url: str, path: str, payload: bytes, headers: dict[str, str]) -> bytes:
-    netloc = urlsplit(url).netloc
-    lines = [f"POST {path} HTTP/1.1", f"host: {netloc}", "content-type: application/json",
-             f"content-length: {len(payload)}", *(f"{k}: {v}" for k, v in headers.items())]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode() + payload
-
-
-async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bool]:
-    """(status, the connection stays open)."""
-    head = await reader.readuntil(b"\r\n\r\n")
-    status = int(head[9:12])
-    length, chunked, close = 0, False, False
-    for line in head.split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        name, value = name.strip().lower(), value.strip().lower()
-        if name == b"content-length":
-            length = int(value)
-        elif name == b"transfer-encoding" and b"chunked" in value:
-            chunked = True
-        elif name == b"connection" and value == b"close":
-            close = True
-    if chunked:
-        while True:
-            size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
-            await reader.readexactly(size + 2)
-            if size == 0:
-                break
-    else:
-        await reader.readexactly(length)
-    return status, not close
-
-
 async def _client(url: str, request: bytes, start: float, stop: float,
                   record: Any) -> None:
     """Send ``request`` back to back until ``stop``; ``record(status, seconds)`` from
@@ -134,7 +103,7 @@ async def _client(url: str, request: bytes, start: float, stop: float,
             while (sent := time.perf_counter()) < stop:
                 async with asyncio.timeout(TIMEOUT):
                     writer.write(request)
-                    status, keep = await _read_response(reader)
+                    status, _, keep = await read_response(reader)
                 if sent >= start:
                     record(status, time.perf_counter() - sent)
                 if not keep:
@@ -153,9 +122,10 @@ async def _phase(url: str, settings: Settings, name: str, heavy: bool) -> Phase:
     start = time.perf_counter() + settings.warmup_s
     stop = start + settings.duration_s
     small = body("2kb", "auto")
+    netloc = urlsplit(url).netloc
     tasks = []
     for i in range(settings.ordinary):
-        request = _request(url, "/v1/chat/completions", small,
+        request = post_request(netloc, "/v1/chat/completions", small,
                            {"authorization": f"Bearer ordinary-{i}",
                             "x-session-id": f"ordinary-{name}-{i}"})
 
@@ -168,7 +138,7 @@ async def _phase(url: str, settings: Settings, name: str, heavy: bool) -> Phase:
     if heavy:
         payload = heavy_body(settings.heavy_bytes)
         for i in range(settings.heavy):
-            request = _request(url, "/v1/chat/completions", payload,
+            request = post_request(netloc, "/v1/chat/completions", payload,
                                {"authorization": f"Bearer heavy-{i % settings.heavy_tenants}"})
             tasks.append(_client(url, request, start, stop,
                                  lambda status, _s: phase.heavy.update([status])))

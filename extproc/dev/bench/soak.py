@@ -30,13 +30,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import orjson
 import yaml
 
 from ..harness import Stack, run_stack
 from .load import _percentile
+from .wire import Http
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[3] / "config" / "example.yaml"
 CAPS = {"memory": {"max_sessions": 4000, "max_owned_ids": 12000},
@@ -70,63 +70,6 @@ class Settings:
     window_s: float = 30.0
     ceiling_step_s: float = 4.0
     ceiling_steps: tuple[int, ...] = (4, 16, 48)
-
-
-# -- a lean keep-alive HTTP/1.1 client ------------------------------------------------------
-
-
-class Http:
-    """One keep-alive connection; reconnects when the server closes it."""
-
-    def __init__(self, url: str) -> None:
-        split = urlsplit(url)
-        self.host, self.port, self.netloc = split.hostname or "127.0.0.1", split.port, split.netloc
-        self._conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
-
-    async def post(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
-        if self._conn is None:
-            self._conn = await asyncio.open_connection(self.host, self.port)
-        reader, writer = self._conn
-        lines = [f"POST {path} HTTP/1.1", f"host: {self.netloc}",
-                 "content-type: application/json", f"content-length: {len(body)}",
-                 *(f"{k}: {v}" for k, v in headers.items())]
-        try:
-            writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
-            status, payload, keep = await _response(reader)
-        except BaseException:
-            self.close()
-            raise
-        if not keep:
-            self.close()
-        return status, payload
-
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn[1].close()
-            self._conn = None
-
-
-async def _response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool]:
-    head = await reader.readuntil(b"\r\n\r\n")
-    status = int(head[9:12])
-    length, chunked, keep = 0, False, True
-    for line in head.split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        name, value = name.strip().lower(), value.strip().lower()
-        if name == b"content-length":
-            length = int(value)
-        elif name == b"transfer-encoding" and b"chunked" in value:
-            chunked = True
-        elif name == b"connection" and value == b"close":
-            keep = False
-    if not chunked:
-        return status, await reader.readexactly(length), keep
-    parts = []
-    while True:
-        size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
-        parts.append((await reader.readexactly(size + 2))[:-2])
-        if size == 0:
-            return status, b"".join(parts), keep
 
 
 # -- agent sessions ------------------------------------------------------------------------
