@@ -193,6 +193,11 @@ class Routing:
     model_header: HeaderName = "x-gateway-model-name"
     """Set to the physical model on every routed request: what HTTPRoute rules match to pick
     that model's InferencePool (the client's copy is always removed)."""
+    rewrite_model: StrictBool = True
+    """Rewrite the body's ``model`` to the physical model. Off when the workers also serve the
+    logical name (vLLM ``--served-model-name qwen3-32b auto``): the body goes upstream as the
+    client sent it (Envoy need not copy it back), the answer's ``model`` is the logical one
+    and ``x-saar-selected-model`` names the physical one."""
 
 
 @dataclass(frozen=True, config=_SCHEMA)
@@ -244,6 +249,11 @@ class State:
     """The request path never waits longer than this on the shared store."""
     max_backlog: AtLeastOne = 100_000
     """Write batches kept for the store while it is down (the oldest are dropped beyond)."""
+    settle_ms: Annotated[Number, Field(ge=0, le=5_000)] = 100.0
+    """How long a request waits, at most, for the issuer of the newest id it continues when no
+    store knows it yet (the write of the answer that issued it may still be on its way from
+    another replica, or from a streamed answer's observer): writes are never awaited on the
+    answer path, so this is where a race would show. 0: never wait."""
 
 
 @dataclass(frozen=True, config=_SCHEMA)

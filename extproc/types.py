@@ -107,6 +107,9 @@ class RequestSummary:
     session_hint: str | None = None
     session_hint_source: str | None = None
     conversation: str | None = None
+    may_issue: bool = True
+    """The answer may carry ids the router must own: tools are offered (a call may come back),
+    the API issues response ids (Responses), or signed thinking was asked for (Messages)."""
     body: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     raw: bytes = field(default=b"", repr=False, compare=False)
     """The body exactly as the client sent it: the model rewrite splices into it."""
@@ -118,6 +121,23 @@ class RequestSummary:
     @property
     def pending_tool_results(self) -> bool:
         return self.tool_results > 0 or bool(self.tool_result_ids)
+
+    @property
+    def continued(self) -> tuple[str, ...]:
+        """Every id the request continues, oldest first: provider state in the history, the
+        previous response, the pending tool results (issued by the model's last answer)."""
+        previous = (self.previous_response_id,) if self.previous_response_id else ()
+        return (*self.provider_state, *previous, *self.tool_result_ids)
+
+    @property
+    def newest(self) -> tuple[str, ...]:
+        """The ids of the newest answer the request continues: its pending tool results, else
+        its previous response, else its newest provider state."""
+        if self.tool_result_ids:
+            return self.tool_result_ids
+        if self.previous_response_id:
+            return (self.previous_response_id,)
+        return self.provider_state[-1:]
 
 
 @dataclass(slots=True)

@@ -5,20 +5,21 @@ from dataclasses import replace
 
 import orjson
 
+from extproc.assembly import assemble
 from extproc.cli import main
-from extproc.core.router import LocalDriver, Router
+from extproc.core.router import LocalDriver
 from extproc.types import Api, ResponseSummary
 
 
 def test_replay_show_reads_the_jsonl_sink(config, clock, tmp_path, capsys):
     path = tmp_path / "replay.jsonl"
-    router = Router(replace(config, replay=replace(config.replay, jsonl_path=str(path))),
-                    clock=clock)
+    parts = assemble(replace(config, replay=replace(config.replay, jsonl_path=str(path))),
+                     clock=clock)
     body = orjson.dumps({"model": "auto", "messages": [{"role": "user", "content": "refactor"}]})
-    driver = LocalDriver(router)
+    driver = LocalDriver(parts.router)
     routed = driver.route(Api.CHAT, {"x-session-id": "cli"}, body)
     driver.respond(routed, ResponseSummary(status=200, finish_reason="stop"))
-    router.close()
+    parts.close()
     assert main(["replay", "show", routed.replay_id, "--file", str(path)]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["model"] == routed.model

@@ -43,6 +43,7 @@ def parse_request(api: Api, raw: bytes, *, max_body_bytes: int) -> RequestSummar
     if model is None:
         raise MissingModel('request body has no "model" string')
     facts = FORMATS[api].parse(body)
+    tools = tool_names(body.get("tools"))
     previous = nonempty_str(body.get("previous_response_id"))
     return RequestSummary(
         api=api,
@@ -50,7 +51,7 @@ def parse_request(api: Api, raw: bytes, *, max_body_bytes: int) -> RequestSummar
         stream=_stream(body.get("stream")),
         message_count=facts.entries,
         context_tokens=len(raw) // CHARS_PER_TOKEN,
-        tools_offered=tool_names(body.get("tools")),
+        tools_offered=tools,
         tool_call_ids=facts.tool_call_ids,
         tool_result_ids=facts.tool_result_ids,
         tool_results=facts.tool_results,
@@ -60,9 +61,17 @@ def parse_request(api: Api, raw: bytes, *, max_body_bytes: int) -> RequestSummar
         session_hint=facts.session_hint,
         session_hint_source=facts.session_hint_source,
         conversation=None if previous else facts.conversation,
+        may_issue=_may_issue(api, body, tools),
         body=body,
         raw=raw,
     )
+
+
+def _may_issue(api: Api, body: dict[str, Any], tools: tuple[str, ...]) -> bool:
+    """Whether the answer may carry ids the router must own (see ``RequestSummary``)."""
+    if api is Api.RESPONSES or tools or body.get("functions"):
+        return True
+    return api is Api.MESSAGES and body.get("thinking") is not None
 
 
 def _stream(value: Any) -> bool:

@@ -34,6 +34,11 @@ class ModelHealth:
         health = self._models.get(model)
         return health is None or health.down_until <= self._clock()
 
+    def down_for(self, model: str) -> float:
+        """Seconds until ``model`` is available again (0: it is)."""
+        health = self._models.get(model)
+        return max(0.0, health.down_until - self._clock()) if health else 0.0
+
     def retry_after(self, model: str) -> int:
         health = self._models.get(model)
         wait = health.down_until - self._clock() if health else 0.0

@@ -1,6 +1,7 @@
-"""The routing core: request in, facts to load out; facts in, route and writes out. No I/O.
+"""The routing policy: request in, facts to load out; facts in, route and writes out. No I/O.
 
-Per request the servicer makes three calls and does the I/O between them:
+Per request the exchange (``core.exchange``) makes these calls and has the I/O done between
+them:
 
 1. ``read`` parses the body once, reads the session identity and says which facts to load
    (the session's record, the owners of the ids the request carries, the chain to follow);
@@ -10,27 +11,25 @@ Per request the servicer makes three calls and does the I/O between them:
    ``finished`` (what the answer carried: ids to claim, usage) and ``ended`` (the stream
    closed: bookkeeping, a session's end) return the writes for the store.
 
-Everything here is synchronous and reads time from the injected clock, so the evaluation
-matrix, the simulators and the tests drive the very same object (``LocalDriver``) without
-Envoy, gRPC or a store server.
+Everything here is synchronous, reads time from the injected clock and is handed its parts
+(``extproc.assembly`` builds them): the live service, the evaluation matrix, the simulators and
+the tests drive the very same object (``LocalDriver`` without Envoy, gRPC or a store server).
+What it decided goes to the injected ``Journal`` as typed facts; observability makes records.
 """
 
 from __future__ import annotations
 
-import re
+import math
 import time
-from collections.abc import Iterable, Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, NamedTuple
-
-import xxhash
+from typing import NamedTuple
 
 from ..apis import model_spans, parse_request, peek_model, rewrite_model
 from ..config import Config
-from ..errors import RoutingError, SessionPaused
+from ..errors import LockedModelDown, RoutingError, SessionPaused
 from ..observability.metrics import Metrics
-from ..observability.replay import JsonlSink, ReplayStore
-from ..observability.trace import MooncakeTraceWriter
 from ..scheduling.placement import Placement, Pools, Prompt
 from ..state.memory import MemoryStore
 from ..state.records import Claim, Commit, Finish, Forget, Owner, SessionRecord, Turn, Write
@@ -39,9 +38,12 @@ from ..state.store import Facts, Query
 from ..types import Action, Api, Clock, RequestSummary, ResponseSummary, SessionIdentity
 from .health import ModelHealth
 from .identity import IdentityReader, chained
+from .journal import Decided, Held, Journal, Outcome, Timings
 from .paths import api_for as api_for  # re-exported: which requests are API calls
-from .saar import RoutingDecision, SaarEngine
-from .selection import Selector
+from .saar import RoutingDecision, SaarEngine, issuer
+
+UNCLAIMED_SECONDS = 2.0
+"""How long after its routing stream ended a streamed answer may still have ids to claim here."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,31 +65,16 @@ class Request:
     """The prompt, rendered (and tokenised in precise mode) where the body was parsed."""
 
 
-@dataclass(frozen=True, slots=True)
-class Timings:
-    """Where one request's routing time went, in seconds, as the core measured it; the replay
-    record carries it to the metrics, the web view and the service's trace spans."""
+class Diagnostics(NamedTuple):
+    """What a response tells its client about the decision (the adapter names the headers)."""
 
-    parse: float
-    identity: float
-    load: float
-    """Between ``read`` and ``route``: the servicer loading the facts from the state layer."""
-    saar: float
-    scheduling: float
-    plugins: Mapping[str, float] = field(default_factory=dict)
-    """The scheduler's timing of each of its plugins, in the order they ran."""
-    held: float = 0.0
-    """Seconds the request waited at the processor (its holds), taken out of ``load``."""
-
-
-class Held(NamedTuple):
-    """One wait of a request at the processor before it was routed (``perf_counter`` times):
-    admission paused its session, its lock's model was out, its large body waited for its
-    tenant's budget. The record lists them; they are not the router's own time."""
-
-    kind: str
-    since: float
-    until: float
+    replay_id: str
+    model: str
+    decision: str
+    phase: str
+    action: str
+    confidence: str
+    context_tokens: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,16 +83,18 @@ class Routed:
     model: str
     cluster: str
     body: bytes | None
-    """The rewritten body, or None when the client already named the physical model."""
-    diagnostics: dict[str, str]
-    """Response headers for the client (Envoy adds them from dynamic metadata)."""
+    """The rewritten body, or None when the body goes upstream as the client sent it."""
+    diagnostics: Diagnostics
     turn: Turn
     placement: Placement = field(default_factory=lambda: Placement(()))
     stream: bool = False
     """The client asked for a streamed (SSE) answer."""
     api: Api = Api.CHAT
-    delay: float | None = None
-    """Seconds since the session's previous turn (the agent's tool time), when known."""
+    locked: bool = False
+    """A hard lock kept the session on its model (and its issuer's worker)."""
+    reads_answer: bool = True
+    """The answer may carry ids the router must own (tool calls, a response id, provider
+    state): its body is read as it passes."""
 
     @property
     def workers(self) -> tuple[str, ...]:
@@ -118,41 +107,37 @@ class Router:
         self,
         config: Config,
         *,
-        clock: Clock = time.time,
-        metrics: Metrics | None = None,
-        selector: Selector | None = None,
-        secret: bytes | None = None,
+        identity: IdentityReader,
+        health: ModelHealth,
+        engine: SaarEngine,
+        pools: Pools,
+        journal: Journal,
+        metrics: Metrics,
+        clock: Clock,
+        new_id: Callable[[], str],
     ) -> None:
-        """``secret`` keys the tenant hash (replicas share it); a random one by default."""
+        """The parts come from ``extproc.assembly``; ``new_id`` names each decision."""
         self.config = config
+        self.identity = identity
+        self.health = health
+        self.engine = engine
+        self.pools = pools
+        self.journal = journal
+        self.metrics = metrics
         self.clock = clock
-        self.metrics = metrics or Metrics()
-        identity = config.identity
-        self.identity = IdentityReader(
-            identity.tenant_header, identity.extra_session_headers, identity.max_value_bytes,
-            **({"secret": secret} if secret else {}),
-        )
-        self.health = ModelHealth(
-            clock=clock,
-            failure_threshold=config.health.failure_threshold,
-            cooldown=config.health.cooldown_seconds,
-        )
-        self.engine = SaarEngine(config, self.health, clock=clock, selector=selector)
-        self.pools = Pools(config, clock=clock)
-        sink = JsonlSink(config.replay.jsonl_path) if config.replay.jsonl_path else None
-        self.replay = ReplayStore(config.replay.capacity, sink, clock=clock)
-        self._trace_sink = (
-            JsonlSink(config.replay.mooncake_trace_path)
-            if config.replay.mooncake_trace_path else None
-        )
-        self.trace = MooncakeTraceWriter(self._trace_sink.write) if self._trace_sink else None
+        self._new_id = new_id
+        self._rewrite = config.routing.rewrite_model
+        self._unclaimed: OrderedDict[str, dict[str, float]] = OrderedDict()
+        """Session → its streamed answers whose ids may not all be claimed here yet (replay id
+        → when the routing stream ended; ``inf`` while it runs)."""
+        self._max_sessions = config.memory.max_sessions
 
     # -- the request path ------------------------------------------------------------------
 
     def read(self, api: Api, headers: Mapping[str, str], raw: bytes) -> Request:
         """Parse once and say which facts to load. Raises ``RoutingError`` (counted). A model
         nobody serves is refused before the parse: no one can make the router parse 8 MiB
-        bodies only to answer 404."""
+        bodies only to answer 404. Pure: it may run on the parse thread."""
         started = time.perf_counter()
         try:
             spans = model_spans(raw, thorough=False)
@@ -168,13 +153,11 @@ class Router:
         parsed = time.perf_counter()
         identity = self.identity.read(headers, summary)
         tenant = identity.tenant
-        ids = [*summary.tool_result_ids, *summary.provider_state]
         chain = None
-        if summary.previous_response_id:
-            ids.append(summary.previous_response_id)
-            if identity.session_id is None:
-                chain = scoped(tenant, summary.previous_response_id)
-        query = Query(identity.key, tuple(scoped(tenant, i) for i in ids), chain)
+        if summary.previous_response_id and identity.session_id is None:
+            chain = scoped(tenant, summary.previous_response_id)
+        ids = tuple(scoped(tenant, i) for i in summary.continued)
+        query = Query(identity.key, ids, chain)
         return Request(summary, identity, headers, query, started, parsed, time.perf_counter(),
                        spans, prompt)
 
@@ -198,6 +181,33 @@ class Router:
         cut = len(request.identity.tenant) + 1
         return all(key[cut:] in issued for key in query.ids)
 
+    @staticmethod
+    def unsettled(request: Request, facts: Facts) -> bool:
+        """Whether the newest id the request continues (its pending tool results, else its
+        ``previous_response_id``, else its newest provider state) has no known issuer: the
+        write of the answer that issued it may still be on its way (another replica's, or a
+        streamed answer's claim not yet handled). Only then is waiting worth it."""
+        newest = request.summary.newest
+        if not newest:
+            return False
+        issued = facts.session.issued if facts.session is not None else ()
+        tenant = request.identity.tenant
+        return any(scoped(tenant, i) not in facts.owners and i not in issued for i in newest)
+
+    def unclaimed(self, session_key: str) -> bool:
+        """Whether a streamed answer of this session may still carry ids this process has not
+        claimed: its stream is running, or ended less than ``UNCLAIMED_SECONDS`` ago (the
+        observe stream's last chunks may be handled after the routing stream's end)."""
+        answers = self._unclaimed.get(session_key)
+        if not answers:
+            return False
+        horizon = self.clock() - UNCLAIMED_SECONDS
+        for replay_id in [r for r, ended in answers.items() if ended < horizon]:
+            del answers[replay_id]
+        if not answers:
+            del self._unclaimed[session_key]
+        return bool(answers)
+
     def route(
         self,
         request: Request,
@@ -205,7 +215,7 @@ class Router:
         *,
         subset: frozenset[str] | None = None,
         admit_paused: bool = False,
-        holds: Iterable[Held] = (),
+        holds: Sequence[Held] = (),
     ) -> Routed:
         """Decide where the request goes: model, then worker. Raises ``RoutingError`` (already
         counted); ``SessionPaused`` unless ``admit_paused`` (a hold that timed out). ``holds``:
@@ -236,13 +246,17 @@ class Router:
             bound = state.worker if state is not None and state.model == decision.model else None
             pinned = decision.pinned_worker
             if pinned is None and decision.lock is None:
-                pinned = _issuer(owners, summary, decision.model)
+                # A physical model name skips SAAR's locks, not the worker they pin to (an
+                # endpoint picker behind the model router sees physical names only).
+                owner = issuer(owners, summary.continued, None)
+                if owner is not None and owner.model == decision.model:
+                    pinned = owner.worker
             placement = self.pools.place(
                 prompt, decision.model, identity.key, subset, bound=bound, pinned=pinned,
                 identity=identity,
             )
             body = None
-            if decision.model != summary.model:
+            if decision.model != summary.model and self._rewrite:
                 spans = request.spans
                 if peek_model(summary.raw, spans) != summary.model:  # an escaped duplicate
                     spans = model_spans(summary.raw)
@@ -251,7 +265,6 @@ class Router:
             self.metrics.errors.labels(exc.code).inc()
             raise
         placed = time.perf_counter()
-        holds = tuple(holds)
         held = sum(max(0.0, min(h.until, began) - max(h.since, request.identified))
                    for h in holds)
         timings = Timings(
@@ -261,15 +274,20 @@ class Router:
             sum(h.until - h.since for h in holds),
         )
         now = self.clock()
-        replay_id = self.replay.new_id()
+        replay_id = self._new_id()
         turn = Turn(
             replay_id, identity.key, identity.tenant, decision.model, decision.decision,
             decision.phase, decision.action is Action.SWITCH, summary.context_tokens, now,
             placement.worker, identity.final,
         )
-        self.replay.put(decision_record(replay_id, now, summary, identity, decision,
-                                        placement, state, timings,
-                                        request.headers.get("traceparent"), cached, holds))
+        self.journal.decided(Decided(
+            replay_id, now, summary, identity, decision, placement, state, timings,
+            request.headers.get("traceparent"), cached, tuple(holds)))
+        if summary.stream and summary.may_issue and identity.key is not None:
+            self._unclaimed.setdefault(identity.key, {})[replay_id] = math.inf
+            self._unclaimed.move_to_end(identity.key)
+            while len(self._unclaimed) > self._max_sessions:
+                self._unclaimed.popitem(last=False)
         self.pools.started(placement, identity.key, summary.context_tokens)
         if placement.worker is not None:
             self.metrics.worker_picks.labels(decision.model, placement.worker).inc()
@@ -285,8 +303,22 @@ class Router:
             placement,
             summary.stream,
             summary.api,
-            None if state is None else max(0.0, now - state.last_seen),
+            decision.action is Action.LOCKED_KEEP,
+            summary.may_issue,
         )
+
+    def refused(self, request: Request, facts: Facts, error: LockedModelDown) -> None:
+        """A decision that ends in a refusal still gets a record: the lock held, its model is
+        out. Sets ``error.replay_id``, so ``x-replay-id`` on the error explains it."""
+        identity = chained(request.identity, facts.session_key)
+        state = facts.session if identity.key == facts.session_key else None
+        replay_id = self._new_id()
+        self.journal.decided(Decided(
+            replay_id, self.clock(), request.summary, identity, error.decision, Placement(()),
+            state, None, request.headers.get("traceparent")))
+        self.journal.completed(replay_id, Outcome(
+            status=error.status, refused=error.code, retry_after=error.retry_after))
+        error.replay_id = replay_id
 
     # -- the answer path -------------------------------------------------------------------
 
@@ -297,8 +329,9 @@ class Router:
         turn = routed.turn
         self.health.record(turn.model, status)
         self.metrics.responses.labels(turn.model, f"{status // 100}xx").inc()
-        self.replay.complete(turn.replay_id, outcome_of(status, served, None))
+        self.journal.completed(turn.replay_id, Outcome(status=status, served=served))
         if not 200 <= status < 300:
+            self._claimed(turn)  # a failed answer issues nothing
             return []
         if served and served != turn.worker:
             self.pools.served(routed.placement, served)
@@ -311,6 +344,7 @@ class Router:
         """A successful answer ended: the turn is committed (if the answer got here before
         the status did), the ids it issued and not yet ``claimed`` are claimed, its usage
         kept."""
+        self._claimed(turn)
         ids = issued(response)
         writes: list[Write] = [
             Finish(turn, bool(response.tool_call_ids), response.usage, tuple(ids))
@@ -321,6 +355,10 @@ class Router:
             writes.append(claim)
         return writes
 
+    def observed(self, turn: Turn, response: ResponseSummary) -> None:
+        """What a streamed answer carried, told to the journal by the stream that read it."""
+        self.journal.completed(turn.replay_id, Outcome(response=response))
+
     @staticmethod
     def claim(turn: Turn, ids: Iterable[str]) -> Claim | None:
         """``ids`` issued by ``turn``: its model and worker own them, in its tenant."""
@@ -328,11 +366,11 @@ class Router:
         return Claim(keys, Owner(turn.model, turn.worker, turn.session_key)) if keys else None
 
     def ended(
-        self, routed: Routed, outcome: dict[str, Any], response: ResponseSummary | None
+        self, routed: Routed, response: ResponseSummary | None, *, aborted: bool = False
     ) -> list[Write]:
         """The request's stream closed (answered, failed or abandoned): the worker has one
-        fewer in flight, admission sees a tool boundary, the replay record gets its outcome
-        and a session's final request forgets it."""
+        fewer in flight, admission sees a tool boundary, the journal gets the outcome and a
+        session's final request forgets it."""
         turn = routed.turn
         usage = response.usage if response is not None else None
         self.pools.finished(
@@ -340,35 +378,30 @@ class Router:
             usage.prompt_tokens if usage else turn.context_tokens,
             usage.completion_tokens if usage else 0,
         )
-        outcome["latency_ms"] = round((self.clock() - turn.started) * 1000, 3)
-        self.replay.complete(turn.replay_id, outcome)
-        if self.trace is not None:
-            self._trace(routed, usage)
+        now = self.clock()
+        answers = self._unclaimed.get(turn.session_key or "")
+        if answers is not None and turn.replay_id in answers:
+            if aborted:
+                self._claimed(turn)  # nothing was answered: nothing to claim
+            else:
+                answers[turn.replay_id] = now
+        latency = round((now - turn.started) * 1000, 3)
+        self.journal.completed(turn.replay_id, Outcome(
+            response=response, aborted=aborted, latency_ms=latency))
         if turn.final and turn.session_key is not None:
             self.pools.admission.release(turn.session_key)
             return [Forget(turn.session_key)]
         return []
 
-    def close(self) -> None:
-        """Flush the replay and trace sinks."""
-        self.replay.close()
-        if self._trace_sink is not None:
-            self._trace_sink.close()
-
     # -- internals -------------------------------------------------------------------------
 
-    def _trace(self, routed: Routed, usage: Any) -> None:
-        assert self.trace is not None
-        turn = routed.turn
-        key = turn.session_key
-        self.trace.write(
-            session_id=None if key is None else xxhash.xxh3_64_hexdigest(key.encode()),
-            timestamp_ms=turn.started * 1000,
-            input_length=max(1, usage.prompt_tokens if usage else turn.context_tokens),
-            output_length=usage.completion_tokens if usage else 0,
-            block_hashes=routed.placement.blocks,
-            delay_ms=None if routed.delay is None else routed.delay * 1000,
-        )
+    def _claimed(self, turn: Turn) -> None:
+        """Nothing of ``turn``'s answer is left to claim here."""
+        answers = self._unclaimed.get(turn.session_key or "")
+        if answers is not None:
+            answers.pop(turn.replay_id, None)
+            if not answers:
+                del self._unclaimed[turn.session_key or ""]
 
     def _count(self, api: Api, decision: RoutingDecision) -> None:
         self.metrics.requests.labels(api.value, decision.decision).inc()
@@ -380,18 +413,19 @@ class Router:
 
 
 class LocalDriver:
-    """The servicer's three calls, synchronously, over an in-process store: what the
-    evaluation matrix, the simulators and the tests run the router with."""
+    """The exchange's calls, synchronously, over an in-process store: what the evaluation
+    matrix, the simulators and the tests run the router with."""
 
     def __init__(self, router: Router, store: MemoryStore | None = None) -> None:
         self.router = router
         self.store = store or MemoryStore.from_config(router.config, router.clock)
 
     def route(
-        self, api: Api, headers: Mapping[str, str], raw: bytes, **options: Any
+        self, api: Api, headers: Mapping[str, str], raw: bytes, **options: object
     ) -> Routed:
         request = self.router.read(api, headers, raw)
-        return self.router.route(request, self.store.load_now(request.query), **options)
+        return self.router.route(request, self.store.load_now(request.query),
+                                 **options)  # type: ignore[arg-type]
 
     def respond(
         self, routed: Routed, response: ResponseSummary, served: str | None = None
@@ -402,7 +436,7 @@ class LocalDriver:
         if writes:
             writes += router.finished(routed.turn, response)
         self.store.apply_now(writes, now)
-        self.store.apply_now(router.ended(routed, outcome_of(None, None, response), response), now)
+        self.store.apply_now(router.ended(routed, response), now)
 
     def session(self, key: str) -> SessionRecord | None:
         return self.store.record(key)
@@ -416,46 +450,6 @@ def issued(response: ResponseSummary) -> list[str]:
     return ids
 
 
-def outcome_of(
-    status: int | None, served: str | None, response: ResponseSummary | None
-) -> dict[str, Any]:
-    """The replay record's outcome (content-free): the status and worker where the caller saw
-    them, what the answer carried where it saw that (an observe stream sees only the body)."""
-    out: dict[str, Any] = {}
-    if status is not None:
-        out["status"] = status
-        out["served_worker"] = served
-    if response is not None:
-        usage = response.usage
-        out.update(
-            model=response.model,
-            finish_reason=response.finish_reason,
-            tool_names=response.tool_names,
-            tool_calls=len(response.tool_call_ids),
-            response_id=response.response_id,
-            usage=None if usage is None else {
-                "prompt_tokens": usage.prompt_tokens,
-                "completion_tokens": usage.completion_tokens,
-                "cached_tokens": usage.cached_tokens,
-            },
-        )
-    return out
-
-
-def _issuer(owners: Mapping[str, Owner], request: RequestSummary, model: str) -> str | None:
-    """The worker of ``model`` that issued what the request continues (its pending tool calls,
-    its provider state): a physical model name skips SAAR's locks, not the worker they pin to
-    (an endpoint picker behind the model router sees physical names only)."""
-    ids = [*request.tool_result_ids, *request.provider_state]
-    if request.previous_response_id:
-        ids.append(request.previous_response_id)
-    for key in ids:
-        owner = owners.get(key)
-        if owner is not None and owner.model == model and owner.worker:
-            return owner.worker
-    return None
-
-
 def _owners(
     facts: Facts, state: SessionRecord | None, identity: SessionIdentity
 ) -> dict[str, Owner]:
@@ -463,8 +457,8 @@ def _owners(
     record says of its last answer's ids, then what the store's owner keys say."""
     owners: dict[str, Owner] = {}
     if state is not None and state.issued:
-        issuer = Owner(state.model, state.issued_worker, identity.key)
-        owners = dict.fromkeys(state.issued, issuer)
+        issuer_of_last = Owner(state.model, state.issued_worker, identity.key)
+        owners = dict.fromkeys(state.issued, issuer_of_last)
     cut = len(identity.tenant) + 1
     owners.update((key[cut:], owner) for key, owner in facts.owners.items())
     return owners
@@ -472,152 +466,7 @@ def _owners(
 
 def diagnostics(
     replay_id: str, decision: RoutingDecision, request: RequestSummary
-) -> dict[str, str]:
-    return {
-        "x-replay-id": replay_id,
-        "x-saar-selected-model": decision.model,
-        "x-saar-decision": decision.decision,
-        "x-saar-session-phase": decision.phase.value,
-        "x-saar-action": decision.action.value,
-        "x-saar-confidence": f"{decision.confidence:.3f}",
-        "x-saar-context-tokens": str(request.context_tokens),
-    }
-
-
-def decision_record(
-    replay_id: str,
-    now: float,
-    request: RequestSummary,
-    identity: SessionIdentity,
-    decision: RoutingDecision,
-    placement: Placement,
-    state: SessionRecord | None,
-    timings: Timings | None = None,
-    traceparent: str | None = None,
-    cached: Mapping[str, int | None] | None = None,
-    holds: Iterable[Held] = (),
-) -> dict[str, Any]:
-    """The content-free replay record of one decision; ``memory`` is the session's record as
-    the decision saw it (``previous_replay_id`` chains a session's records). It holds what
-    ``saar replay what-if`` needs to decide the turn again (the matched decision and whether it
-    matched on content, a fingerprint of the provider state referenced, the tokens SAAR's
-    pricing measured cached on each model's best worker), the core's timings, the request's
-    holds at the processor, and the client's W3C ``traceparent`` when well formed (the
-    service's span continues it)."""
-    base = decision.base
-    result = placement.result
-    return {
-        "replay_id": replay_id,
-        "time": now,
-        "session": {
-            "id": identity.session_id,
-            "tenant": identity.tenant,
-            "source": identity.source,
-            "parent": identity.parent_session_id,
-            "final": identity.final,
-            "compaction": identity.compaction,
-        },
-        "memory": None
-        if state is None
-        else {
-            "model": state.model,
-            "decision": state.decision,
-            "phase": state.phase.value,
-            "worker": state.worker,
-            "turns": state.turns,
-            "switches": state.switches,
-            "recent_switches_ago_s": [round(now - t, 3) for t in state.switch_times],
-            "idle_s": round(now - state.last_seen, 3),
-            "context_tokens": state.context_tokens,
-            "estimated_reuse_tokens": state.estimated_reuse_tokens,
-            "reported_prompt_tokens": state.reported_prompt_tokens,
-            "reported_cached_tokens": state.reported_cached_tokens,
-            "previous_replay_id": state.last_replay_id,
-        },
-        "request": {
-            "api": request.api.value,
-            "model": request.model,
-            "stream": request.stream,
-            "messages": request.message_count,
-            "context_tokens": request.context_tokens,
-            "tools_offered": len(request.tools_offered),
-            "tool_results": max(request.tool_results, len(request.tool_result_ids)),
-            "previous_response_id": request.previous_response_id is not None,
-            "previous_response_ref": None
-            if request.previous_response_id is None else id_ref(request.previous_response_id),
-            "provider_state_items": len(request.provider_state),
-        },
-        "base": None
-        if base is None
-        else {
-            "decision": base.decision,
-            "model": base.model,
-            "difficulty": round(base.difficulty, 4),
-            "matched": base.matched,
-            "topical": base.topical,
-            "confidence": round(base.confidence, 4),
-            "scores": {k: round(v, 4) for k, v in base.scores.items()},
-        },
-        "cached_tokens": dict(cached or {}),
-        "lock": decision.lock,
-        "reset": decision.reset,
-        "candidates": [
-            {
-                "model": t.model,
-                "base": round(t.base, 4),
-                "stay_bias": t.stay_bias,
-                "handoff": t.handoff,
-                "history": round(t.history, 4),
-                "cache_penalty": round(t.cache_penalty, 4),
-                "transition_usd": round(t.transition_usd, 6),
-                "adjusted": round(t.adjusted, 4),
-                "available": t.available,
-            }
-            for t in decision.candidates
-        ],
-        "previous_model": decision.previous_model,
-        "decision": decision.decision,
-        "model": decision.model,
-        "action": decision.action.value,
-        "phase": decision.phase.value,
-        "reason": decision.reason,
-        "confidence": round(decision.confidence, 4),
-        "worker": None
-        if result is None
-        else {
-            "picked": placement.worker,
-            "pinned": decision.pinned_worker,
-            "fallbacks": list(placement.workers[1:]),
-            "matched_blocks": dict(result.matched_blocks),
-            "scores": {k: round(v, 4) for k, v in result.total.items()},
-            "by_scorer": {name: {k: round(v, 4) for k, v in scores.items()}
-                          for name, scores in result.scores.items()},
-        },
-        "timings_us": None
-        if timings is None
-        else {
-            "parse": _us(timings.parse),
-            "identity": _us(timings.identity),
-            "load": _us(timings.load),
-            "saar": _us(timings.saar),
-            "scheduling": _us(timings.scheduling),
-            "plugins": {name: _us(seconds) for name, seconds in timings.plugins.items()},
-            "held": _us(timings.held),
-        },
-        "holds": [{"kind": h.kind, "ms": round((h.until - h.since) * 1e3, 1)} for h in holds]
-        or None,
-        "traceparent": traceparent
-        if traceparent is not None and _TRACEPARENT.fullmatch(traceparent) else None,
-    }
-
-
-_TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
-
-
-def id_ref(value: str) -> str:
-    """A fingerprint of an id for the record (the what-if matches references to issuers)."""
-    return xxhash.xxh3_64_hexdigest(value.encode())
-
-
-def _us(seconds: float) -> float:
-    return round(seconds * 1e6, 1)
+) -> Diagnostics:
+    return Diagnostics(replay_id, decision.model, decision.decision, decision.phase.value,
+                       decision.action.value, f"{decision.confidence:.3f}",
+                       str(request.context_tokens))

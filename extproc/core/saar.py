@@ -178,14 +178,14 @@ class SaarEngine:
         """Who owns this turn's pending tool results or provider state: the issuer of the ids
         when the store knows it, else the session's current model and worker."""
         if knobs.tool_loop_hard_lock and request.pending_tool_results:
-            lock = _held(owners, request.tool_result_ids, state, "tool_loop")
-            if lock is not None:
-                return lock
+            owner = issuer(owners, request.tool_result_ids, state)
+            if owner is not None:
+                return Lock(owner.model, "tool_loop", owner.worker)
         if knobs.context_portability_hard_lock and request.has_provider_state:
-            keys = list(request.provider_state)
-            if request.previous_response_id:
-                keys.append(request.previous_response_id)
-            return _held(owners, keys, state, "provider_state")
+            previous = (request.previous_response_id,) if request.previous_response_id else ()
+            owner = issuer(owners, (*request.provider_state, *previous), state)
+            if owner is not None:
+                return Lock(owner.model, "provider_state", owner.worker)
         return None
 
     def _reset(self, state: SessionRecord, base: BaseChoice, knobs: SessionAware) -> str | None:
@@ -323,15 +323,15 @@ class SaarEngine:
             )
 
 
-def _held(
-    owners: Mapping[str, Owner], ids: Iterable[str], state: SessionRecord | None, kind: str
-) -> Lock | None:
-    """The newest of ``ids`` whose issuer is known, else the session's own model and worker."""
+def issuer(
+    owners: Mapping[str, Owner], ids: Iterable[str], state: SessionRecord | None
+) -> Owner | None:
+    """Who issued what a request continues — the one rule, for a lock and for a pin: the
+    issuer of the newest of ``ids`` whose owner is known, else the session's own model and
+    worker (its last answer), else nobody."""
     owner = None
     for key in ids:
         owner = owners.get(key, owner)
-    if owner is not None:
-        return Lock(owner.model, kind, owner.worker)
-    if state is not None:
-        return Lock(state.model, kind, state.worker)
-    return None
+    if owner is not None or state is None:
+        return owner
+    return Owner(state.model, state.worker)

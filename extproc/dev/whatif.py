@@ -28,10 +28,10 @@ from typing import Any
 
 from ..config import Config, Decision
 from ..core.health import ModelHealth
-from ..core.router import id_ref
 from ..core.saar import SaarEngine
 from ..core.selection import HybridSelector
 from ..errors import RoutingError
+from ..observability.journal import id_ref
 from ..observability.replay import Record, SessionKey, session_key
 from ..observability.sessions import turn_cost
 from ..state.memory import MemoryStore

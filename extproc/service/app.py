@@ -27,10 +27,13 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from .._proto import replay_pb2_grpc
+from ..adapter.codec import Routing
+from ..adapter.gate import ParseThread
 from ..adapter.servicer import ExternalProcessor
-from ..adapter.stream import StreamOptions
+from ..adapter.stream import Io
+from ..adapter.waker import Waker
+from ..assembly import Parts, assemble
 from ..config import Config, ConfigError, WorkerSpec
-from ..core.router import Router
 from ..observability.metrics import Metrics
 from ..state.layer import StateLayer
 from . import runtime
@@ -56,7 +59,7 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 @dataclass
 class RunningService:
-    router: Router
+    parts: Parts
     state: StateLayer
     grpc_server: grpc.aio.Server
     http_runner: web.AppRunner
@@ -115,15 +118,15 @@ class RunningService:
         await self.grpc_server.stop(grace=1.0)
         if self.processor is not None:
             self.processor.close()
-        runtime.release(self.router)
+        runtime.release(self.parts)
         await self.http_runner.cleanup()
         await self.state.stop()
         if self.telemetry is not None:
             await self.telemetry.stop()
-        self.router.close()
+        self.parts.close()
 
 
-async def start(config: Config, router: Router | None = None) -> RunningService:
+async def start(config: Config, parts: Parts | None = None) -> RunningService:
     """Start the ports (port 0 picks a free one) and return once they accept connections
     (``readiness`` may follow later: see the module's docstring). With
     ``scheduling.pool_name`` the service is that pool's endpoint picker (``pool_config``)."""
@@ -133,10 +136,11 @@ async def start(config: Config, router: Router | None = None) -> RunningService:
     elif config.scheduling.discovery.mode == "kubernetes":
         raise ConfigError("scheduling.discovery: kubernetes discovery finds one pool's workers: "
                           "give the pool (--pool-name / scheduling.pool_name)")
-    metrics = router.metrics if router is not None else Metrics()
+    metrics = parts.metrics if parts is not None else Metrics()
     state = StateLayer.from_config(config, clock=time.time, metrics=metrics)
-    router = router or Router(config, metrics=metrics, secret=await state.tenant_secret(config))
-    telemetry = Telemetry.start(config, router)
+    parts = parts or assemble(config, metrics=metrics, secret=await state.tenant_secret(config),
+                              shared=state.shared is not None)
+    telemetry = Telemetry.start(config, parts)
     state.start()
     server = grpc.aio.server(
         interceptors=telemetry.interceptors,
@@ -147,10 +151,12 @@ async def start(config: Config, router: Router | None = None) -> RunningService:
             ("grpc.so_reuseport", 0),
         ]
     )
-    options = StreamOptions(config.routing.model_header, config.scheduling.pool_name)
-    processor = ExternalProcessor(router, state, options)
+    waker = Waker()
+    io = Io(state, waker, metrics, Routing(config.routing.cluster_header,
+                                           config.routing.model_header), ParseThread())
+    processor = ExternalProcessor(parts.exchange, io)
     ep_grpc.add_ExternalProcessorServicer_to_server(processor, server)
-    runtime.register(router, state, processor.bodies, telemetry.figures)
+    runtime.register(parts, state, waker, telemetry.figures)
     replay_pb2_grpc.add_ReplayServicer_to_server(
         ReplayService(telemetry.lookup, telemetry.auth), server)
     health_servicer = health.aio.HealthServicer()
@@ -174,15 +180,15 @@ async def start(config: Config, router: Router | None = None) -> RunningService:
             f"{config.server.host}:{config.server.health_port}")
         await health_server.start()
 
-    runner = web.AppRunner(build_http_app(router, telemetry), access_log=None)
+    runner = web.AppRunner(build_http_app(parts, telemetry), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, config.server.host, config.server.http_port)
     await site.start()
     http_port = runner.addresses[0][1]
-    background = Background(router)
+    background = Background(config, parts.pools, metrics, waker, parts.router.clock)
     background.start()
-    discovery = _discovery(config, router)
-    running = RunningService(router, state, server, runner, grpc_port, http_port, background,
+    discovery = _discovery(config, parts)
+    running = RunningService(parts, state, server, runner, grpc_port, http_port, background,
                              health_servicer, health_server, health_port, discovery,
                              certificates, telemetry, processor)
     if discovery is None and state.shared is None:
@@ -194,7 +200,7 @@ async def start(config: Config, router: Router | None = None) -> RunningService:
     return running
 
 
-def _discovery(config: Config, router: Router) -> KubernetesDiscovery | None:
+def _discovery(config: Config, parts: Parts) -> KubernetesDiscovery | None:
     """Kubernetes discovery of the pool's workers, published onto this loop."""
     found = config.scheduling.discovery
     model = config.scheduling.pool_name
@@ -204,7 +210,7 @@ def _discovery(config: Config, router: Router) -> KubernetesDiscovery | None:
     from ..scheduling.discovery import KubernetesDiscovery, default_namespace
 
     loop = asyncio.get_running_loop()
-    pools = router.pools
+    pools = parts.pools
 
     def apply(endpoints: tuple[str, ...]) -> None:
         specs = tuple(WorkerSpec(address=e) for e in endpoints)
@@ -233,8 +239,8 @@ async def serve_forever(config: Config) -> None:
         loop.add_signal_handler(sig, stop.set)
     tls = " (TLS)" if config.server.tls.enabled else ""
     health_port = f", health on {service.health_port}" if service.health_port else ""
-    role = f", endpoint picker of {service.router.config.scheduling.pool_name}" if (
-        service.router.config.scheduling.pool_name) else ""
+    pool = service.parts.config.scheduling.pool_name
+    role = f", endpoint picker of {pool}" if pool else ""
     print(f"saar: ext_proc on {config.server.host}:{service.grpc_port}{tls}, "
           f"http on {config.server.host}:{service.http_port}{health_port}{role}", flush=True)
     await stop.wait()

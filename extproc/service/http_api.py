@@ -19,13 +19,13 @@ from importlib import resources
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from ..core.router import Router
+from ..assembly import Parts
 from ..observability.sessions import summarize
 from ..observability.timeline import timeline
 from .admin import COOKIE, COOKIE_SECONDS, Caller, Denied
 from .telemetry import Telemetry
 
-ROUTER_KEY = web.AppKey("router", Router)
+PARTS_KEY = web.AppKey("parts", Parts)
 TELEMETRY_KEY = web.AppKey("telemetry", Telemetry)
 MAX_SESSIONS_LISTED = 500
 _UI = resources.files(__package__) / "ui"
@@ -36,9 +36,8 @@ AdminHandler = Callable[[web.Request, Caller], Awaitable[web.StreamResponse]]
 
 async def _metrics(request: web.Request) -> web.Response:
     request.app[TELEMETRY_KEY].figures.sweep()
-    router = request.app[ROUTER_KEY]
     return web.Response(
-        body=generate_latest(router.metrics.registry),
+        body=generate_latest(request.app[PARTS_KEY].metrics.registry),
         headers={"Content-Type": CONTENT_TYPE_LATEST},
     )
 
@@ -77,13 +76,13 @@ async def _sessions(request: web.Request, caller: Caller) -> web.Response:
         limit = min(MAX_SESSIONS_LISTED, max(1, int(request.query.get("limit", "50"))))
     except ValueError:
         return web.json_response({"error": "limit must be an integer"}, status=400)
-    router = request.app[ROUTER_KEY]
-    store = router.replay
+    parts = request.app[PARTS_KEY]
+    store = parts.replay
     listed = []
     for tenant, session_id in store.sessions(caller.tenant, limit):
         records = store.for_session(session_id, tenant)
         if records:
-            listed.append(summarize(records, router.config.models))
+            listed.append(summarize(records, parts.config.models))
     return web.json_response({"sessions": listed})
 
 
@@ -92,7 +91,7 @@ async def _timeline(request: web.Request, caller: Caller) -> web.Response:
     if isinstance(found, web.Response):
         return found
     session_id, records = found
-    store = request.app[ROUTER_KEY].replay
+    store = request.app[PARTS_KEY].replay
     for tenant in {(r.get("session") or {}).get("tenant") for r in records}:
         for child in store.sub_sessions(str(tenant), session_id):
             records += store.for_session(child[1], child[0])
@@ -153,9 +152,9 @@ def _admin(
     return checked
 
 
-def build_http_app(router: Router, telemetry: Telemetry) -> web.Application:
+def build_http_app(parts: Parts, telemetry: Telemetry) -> web.Application:
     app = web.Application()
-    app[ROUTER_KEY] = router
+    app[PARTS_KEY] = parts
     app[TELEMETRY_KEY] = telemetry
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/healthz", _healthz)

@@ -4,8 +4,9 @@
 * ``saar_table_entries{table}``: the size of every bounded table the router keeps — session
   records and owners of the local store, replay records and their per-session index,
   admission programs, the prompt memos and their blocks, the prefix index's blocks, the
-  session-prefix index, KV hint sessions, tenants with large bodies in flight, the sessions
-  whose figures are being gathered (a fixed set of names: bounded series);
+  session-prefix index, KV hint sessions, tenants with large bodies in flight, the keys held
+  requests wait on, the sessions whose figures are being gathered (a fixed set of names:
+  bounded series);
 * ``saar_gc_seconds{generation}``: the garbage collector's pauses (they stop the event loop);
 * ``process_resident_memory_bytes`` and the rest of Prometheus' process collector.
 """
@@ -24,8 +25,8 @@ from prometheus_client import CollectorRegistry, Histogram, ProcessCollector
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from ..adapter.gate import LargeBodies
-from ..core.router import Router
+from ..adapter.waker import Waker
+from ..assembly import Parts
 from ..observability.figures import Figures
 from ..state.layer import StateLayer
 
@@ -81,11 +82,11 @@ class GcTimer:
             gc.callbacks.remove(self)
 
 
-def register(router: Router, state: StateLayer, large_bodies: LargeBodies,
+def register(parts: Parts, state: StateLayer, waker: Waker,
              figures: Figures) -> RuntimeCollector:
-    """Export the gauges in the router's registry (once per registry; a second service on the
-    same router takes them over)."""
-    registry = router.metrics.registry
+    """Export the gauges in the parts' registry (once per registry; a second service on the
+    same parts takes them over)."""
+    registry = parts.metrics.registry
     collector = _REGISTERED.get(registry)
     if collector is None:
         collector = _REGISTERED[registry] = RuntimeCollector()
@@ -96,7 +97,7 @@ def register(router: Router, state: StateLayer, large_bodies: LargeBodies,
     elif collector.gc is not None:
         collector.gc.open()
     collector.loop = asyncio.get_running_loop()
-    pools, replay = router.pools, router.replay
+    pools, replay, large_bodies = parts.pools, parts.replay, parts.bodies
     collector.tables = {
         "sessions": lambda: len(state.local),
         "owners": state.local.owners,
@@ -109,13 +110,14 @@ def register(router: Router, state: StateLayer, large_bodies: LargeBodies,
         "session_prefix_blocks": lambda: None if pools.sessions is None else pools.sessions.blocks,
         "kv_hint_sessions": lambda: None if pools.hints is None else len(pools.hints),
         "large_body_tenants": lambda: len(large_bodies),
+        "held_keys": lambda: len(waker),
         "session_figures": lambda: len(figures),
     }
     return collector
 
 
-def release(router: Router) -> None:
+def release(parts: Parts) -> None:
     """The service stopped: stop timing the collector for it."""
-    collector = _REGISTERED.get(router.metrics.registry)
+    collector = _REGISTERED.get(parts.metrics.registry)
     if collector is not None and collector.gc is not None:
         collector.gc.close()

@@ -13,10 +13,14 @@ from pathlib import Path
 
 import aiohttp
 
-from ..core.router import Router
+from ..adapter.waker import Waker
+from ..config import Config
+from ..observability.metrics import Metrics
 from ..scheduling.kv_events import PreciseKVIndex
 from ..scheduling.kv_hints import HINTS_PATH, KvHint, by_worker, encode_hints
+from ..scheduling.placement import Pools
 from ..scheduling.prefix_index import ApproximatePrefixIndex
+from ..types import Clock
 from .kv_subscriber import KVEventSubscriber, SharedPoolSubscriber, ZmqFeed
 
 log = logging.getLogger(__name__)
@@ -27,17 +31,23 @@ SHARED_POOL = "shared-pool"
 
 
 class Background:
-    def __init__(self, router: Router) -> None:
-        self._router = router
+    def __init__(self, config: Config, pools: Pools, metrics: Metrics, waker: Waker,
+                 clock: Clock) -> None:
+        """``waker`` wakes the requests held for sessions admission resumes."""
+        self._config = config
+        self._pools = pools
+        self._metrics = metrics
+        self._waker = waker
+        self._clock = clock
         self._tasks: list[asyncio.Task[None]] = []
         self._subscribers: dict[str, ZmqFeed] = {}
         self._session: aiohttp.ClientSession | None = None
         self._mtime: float | None = None
-        self._hints = router.metrics.kv_hints
+        self._hints = metrics.kv_hints
         self._hints_dropped = 0
 
     def start(self) -> None:
-        scheduling = self._router.config.scheduling
+        scheduling = self._config.scheduling
         if not scheduling.enabled:
             return
         self._session = aiohttp.ClientSession(
@@ -51,7 +61,7 @@ class Background:
         if scheduling.hints.enabled:
             self._spawn("kv-hints", self._deliver_hints, scheduling.hints.flush_seconds)
         self._subscribe()
-        pool, shared = self._router.pools.shared_pool, scheduling.prefix.shared_pool
+        pool, shared = self._pools.shared_pool, scheduling.prefix.shared_pool
         if pool is not None and shared.endpoint:
             feed = SharedPoolSubscriber(pool, shared.endpoint, shared.topic)
             self._subscribers[SHARED_POOL] = feed
@@ -82,12 +92,12 @@ class Background:
         self._tasks.append(asyncio.create_task(loop(), name=name))
 
     async def _scrape(self) -> None:
-        targets = self._router.pools.scrape_targets()
+        targets = self._pools.scrape_targets()
         await asyncio.gather(*(self._scrape_one(a, url) for a, url in targets.items() if url))
 
     async def _scrape_one(self, address: str, url: str) -> None:
         assert self._session is not None
-        pools, metrics = self._router.pools, self._router.metrics
+        pools, metrics = self._pools, self._metrics
         try:
             async with self._session.get(url) as response:
                 text = await response.text()
@@ -97,7 +107,7 @@ class Background:
             pools.registry.set_healthy(address, False)
             return
         pools.registry.set_healthy(address, True)
-        if pools.registry.apply_scrape(address, text, self._router.clock()):
+        if pools.registry.apply_scrape(address, text, self._clock()):
             index = pools.index
             if isinstance(index, ApproximatePrefixIndex):
                 for worker in pools.all_workers():
@@ -105,9 +115,11 @@ class Background:
                         index.resize(worker)
 
     async def _tick(self) -> None:
-        pools, metrics = self._router.pools, self._router.metrics
+        pools, metrics = self._pools, self._metrics
         workers = pools.all_workers()
-        pools.tick(workers)
+        tick = pools.tick(workers)
+        for key in tick.resumed:
+            self._waker.wake("paused", key)
         metrics.paused_sessions.set(pools.admission.paused_count())
         for worker in workers:
             metrics.worker_utilization.labels(worker.address).set(
@@ -118,7 +130,7 @@ class Background:
         """Everything queued, one batch per worker, all at once: best effort, a worker that
         fails or is slower than ``hints.timeout_seconds`` loses its batch (hints are advice;
         retrying a stale demote or prefetch would do more harm than losing it)."""
-        pools = self._router.pools
+        pools = self._pools
         dropped = pools.hints_dropped - self._hints_dropped
         self._hints_dropped = pools.hints_dropped
         if dropped:
@@ -129,7 +141,7 @@ class Background:
 
     async def _post_hints(self, worker: str, hints: list[KvHint]) -> None:
         assert self._session is not None
-        timeout = aiohttp.ClientTimeout(total=self._router.config.scheduling.hints.timeout_seconds)
+        timeout = aiohttp.ClientTimeout(total=self._config.scheduling.hints.timeout_seconds)
         try:
             async with self._session.post(
                 f"http://{worker}{HINTS_PATH}", data=encode_hints(hints), timeout=timeout,
@@ -142,7 +154,7 @@ class Background:
             self._hints.labels(hint.kind, outcome).inc()
 
     async def _watch(self) -> None:
-        path = Path(self._router.config.scheduling.workers_file or "")
+        path = Path(self._config.scheduling.workers_file or "")
         try:
             mtime = path.stat().st_mtime
         except OSError:
@@ -150,9 +162,9 @@ class Background:
         if mtime == self._mtime:
             return
         self._mtime = mtime
-        removed = self._router.pools.registry.reload_file(path)
+        removed = self._pools.registry.reload_file(path)
         for address in removed:
-            self._router.pools.index.forget(address)
+            self._pools.index.forget(address)
             subscriber = self._subscribers.pop(address, None)
             if subscriber is not None:
                 await subscriber.stop()
@@ -161,10 +173,10 @@ class Background:
 
     def _subscribe(self) -> None:
         """Precise prefix mode: follow the KV events of every worker that publishes them."""
-        index = self._router.pools.index
+        index = self._pools.index
         if not isinstance(index, PreciseKVIndex):
             return
-        for worker in self._router.pools.all_workers():
+        for worker in self._pools.all_workers():
             if worker.kv_events and worker.address not in self._subscribers:
                 subscriber = KVEventSubscriber(index, worker.address, worker.kv_events)
                 subscriber.start()

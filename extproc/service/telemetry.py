@@ -12,8 +12,8 @@ from typing import Any
 
 import grpc
 
+from ..assembly import Parts
 from ..config import Config
-from ..core.router import Router
 from ..observability.figures import Figures
 from ..observability.metrics import Metrics
 from ..observability.replay import RecordListener
@@ -34,15 +34,16 @@ class Telemetry:
     interceptors: list[grpc.aio.ServerInterceptor] = field(default_factory=list)
 
     @classmethod
-    def start(cls, config: Config, router: Router) -> Telemetry:
+    def start(cls, config: Config, parts: Parts) -> Telemetry:
         """Subscribe the listeners to the router's records; start the shared writer (call from
         the running event loop)."""
         listeners: list[RecordListener] = []
-        figures = Figures(router.metrics, clock=router.clock,
+        router = parts.router
+        figures = Figures(parts.metrics, clock=router.clock,
                           idle_seconds=config.observability.session_idle_seconds,
                           max_sessions=config.memory.max_sessions)
         listeners.append(figures)
-        shared = _shared(config, router.metrics)
+        shared = _shared(config, parts.metrics)
         if shared is not None:
             listeners.append(shared)
             shared.start()
@@ -53,10 +54,10 @@ class Telemetry:
             spans = RouteSpans(config.observability.otlp)
             listeners.append(spans)
         for listener in listeners:
-            router.replay.subscribe(listener)
+            parts.replay.subscribe(listener)
         auth = AdminAuth.from_config(config.admin, router.identity.tenant)
-        return cls(auth, ReplayLookup(router.replay, shared), figures, shared, spans,
-                   [OverheadTimer(router.metrics)])
+        return cls(auth, ReplayLookup(parts.replay, shared), figures, shared, spans,
+                   [OverheadTimer(parts.metrics)])
 
     async def stop(self) -> None:
         if self.shared is not None:

@@ -9,22 +9,23 @@ import orjson
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as pm
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
-from extproc.adapter.stream import CHUNK_BYTES, ExtProcStream, StreamOptions
-from extproc.core.router import Router
+from extproc.adapter.codec import CHUNK_BYTES
+from extproc.assembly import assemble
+from extproc.core.exchange import Options
 from extproc.service.roles import pool_config
 
-from .test_stream import (
+from .support import (
     BODY,
     CHAT,
     STREAMED,
+    Driver,
     Replica,
     headers_msg,
-    replica,
     response_headers,
     set_headers,
-    sse,
-    two_worker_router,
+    two_workers,
 )
+from .test_stream import replica, sse
 
 DUPLEX = pm.ProcessingMode.FULL_DUPLEX_STREAMED
 __all__ = ["replica"]  # the fixture, shared with test_stream
@@ -46,11 +47,12 @@ def answer_chunk(body: bytes, end: bool) -> ep.ProcessingRequest:
 
 
 def streamed(replies, kind: str) -> tuple[bytes, list[bool]]:
+    replies = replies if isinstance(replies, list) else [replies]
     pieces = [getattr(r, kind).response.body_mutation.streamed_response for r in replies]
     return b"".join(p.body for p in pieces), [p.end_of_stream for p in pieces]
 
 
-async def routed(stream: ExtProcStream, body: bytes, headers=CHAT) -> list:
+async def routed(stream: Driver, body: bytes, headers=CHAT) -> list:
     assert await stream.handle(duplex_headers(headers)) is None  # not answered yet
     half = len(body) // 2
     assert await stream.handle(chunk(body[:half], False)) is None
@@ -59,7 +61,7 @@ async def routed(stream: ExtProcStream, body: bytes, headers=CHAT) -> list:
 
 
 async def test_the_headers_are_answered_after_the_body_then_the_body_streams_back(config, clock):
-    replica = Replica(two_worker_router(config, clock))
+    replica = Replica(assemble(two_workers(config), clock=clock))
     stream = replica.stream()
     spoofed = {**CHAT, "x-gateway-destination-endpoint": "6.6.6.6:1", "x-gateway-model-name": "x"}
     replies = await routed(stream, BODY, spoofed)
@@ -83,7 +85,7 @@ async def test_the_headers_are_answered_after_the_body_then_the_body_streams_bac
 
 
 async def test_a_body_larger_than_a_chunk_goes_back_in_pieces(config, clock):
-    stream = Replica(Router(config, clock=clock)).stream()
+    stream = Replica(assemble(config, clock=clock)).stream()
     big = orjson.dumps({"model": "qwen3-8b", "messages": [
         {"role": "user", "content": "summarise " + "word " * 40_000}]})
     replies = await routed(stream, big)
@@ -93,7 +95,7 @@ async def test_a_body_larger_than_a_chunk_goes_back_in_pieces(config, clock):
 
 
 async def test_a_pool_of_one_still_gets_its_destination(config, clock):
-    picker = Router(pool_config(config, "qwen3-8b"), clock=clock)
+    picker = assemble(pool_config(config, "qwen3-8b"), clock=clock)
     stream = Replica(picker).stream()
     replies = await routed(stream, BODY)
     headers = set_headers(replies[0].request_headers.response)
@@ -105,7 +107,7 @@ async def test_a_pool_of_one_still_gets_its_destination(config, clock):
 
 async def test_a_pool_answers_503_without_workers_and_404_for_another_pools_model(config, clock):
     models = {**config.models, "qwen3-8b": replace(config.models["qwen3-8b"], endpoints=())}
-    picker = Router(pool_config(replace(config, models=models), "qwen3-8b"), clock=clock)
+    picker = assemble(pool_config(replace(config, models=models), "qwen3-8b"), clock=clock)
     replies = await routed(Replica(picker).stream(), BODY)
     assert replies[0].immediate_response.status.code == 503  # no ready endpoint
     other = orjson.dumps({"model": "qwen3-32b", "messages": [{"role": "user", "content": "hi"}]})
@@ -115,7 +117,7 @@ async def test_a_pool_answers_503_without_workers_and_404_for_another_pools_mode
 
 async def test_too_large_a_body_is_refused_as_it_streams(config, clock):
     small = replace(config, limits=replace(config.limits, max_body_bytes=64))
-    stream = Replica(Router(small, clock=clock)).stream()
+    stream = Replica(assemble(small, clock=clock)).stream()
     await stream.handle(duplex_headers(CHAT))
     reply = await stream.handle(chunk(b"x" * 65, False))
     assert reply.immediate_response.status.code == 413
@@ -183,7 +185,7 @@ async def test_an_sse_answer_claims_each_id_before_its_chunk_passes(replica):
 
 
 async def test_the_served_endpoint_is_read_from_envoy_lb_metadata(config, clock):
-    replica = Replica(two_worker_router(config, clock))
+    replica = Replica(assemble(two_workers(config), clock=clock))
     stream = replica.stream()
     replies = await routed(stream, BODY)
     meta = replies[0].dynamic_metadata.fields["saar"].struct_value.fields
@@ -195,14 +197,13 @@ async def test_the_served_endpoint_is_read_from_envoy_lb_metadata(config, clock)
         {"x-gateway-destination-endpoint-served": other})
     await stream.handle(headers)
     await stream.handle(answer_chunk(b"{}", True))
-    assert replica.router.replay.get(replay_id)["outcome"]["served_worker"] == other
+    assert replica.replay.get(replay_id)["outcome"]["served_worker"] == other
     assert replica.session(replay_id).worker == other
 
 
 async def test_a_tool_result_for_a_physical_model_is_pinned_to_the_issuing_worker(config, clock):
     """Behind the model router the picker sees physical names only: the pin still holds."""
-    replica = Replica(Router(pool_config(two_worker_router(config, clock).config, "qwen3-32b"),
-                             clock=clock))
+    replica = Replica(assemble(pool_config(two_workers(config), "qwen3-32b"), clock=clock))
     ask = orjson.dumps({"model": "qwen3-32b", "messages": [
         {"role": "user", "content": "please refactor " + "the module " * 50}]})
     picks = set()
@@ -228,5 +229,6 @@ async def test_a_tool_result_for_a_physical_model_is_pinned_to_the_issuing_worke
             "x-gateway-destination-endpoint"] == issuer
 
 
-def test_options_default_to_the_gateway_model_header():
-    assert StreamOptions().model_header == "x-gateway-model-name"
+def test_options_default_to_the_gateway_model_header(config):
+    assert Options().model_header == "x-gateway-model-name"
+    assert Options.from_config(config, shared=False).model_header == "x-gateway-model-name"

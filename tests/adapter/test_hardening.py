@@ -13,34 +13,33 @@ import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
 from extproc.adapter.contract import MODEL_RETRIES
-from extproc.adapter.gate import LargeBodies, ParseThread
-from extproc.adapter.stream import ExtProcStream, Hold
-from extproc.core.router import Router
+from extproc.adapter.gate import ParseThread
+from extproc.assembly import assemble
+from extproc.core.bodies import LargeBodies
 
-from .test_stream import (
+from .support import (
     BODY,
     CHAT,
+    WITH_TOOLS,
+    Driver,
     Replica,
     body_msg,
     headers_msg,
-    replica,
+    immediate,
+    response_body,
     response_headers,
+    saar_metadata,
     set_headers,
-    two_worker_router,
+    two_workers,
 )
+from .test_stream import replica
 
 __all__ = ["replica"]  # the fixture, shared with test_stream
 
 
-def immediate(reply) -> tuple[int, dict, dict]:
-    out = reply.immediate_response
-    headers = {h.header.key: h.header.raw_value.decode() for h in out.headers.set_headers}
-    return out.status.code, headers, orjson.loads(out.body)
-
-
-def saar_metadata(reply) -> dict[str, str]:
-    fields = reply.dynamic_metadata.fields["saar"].struct_value.fields
-    return {k: v.string_value for k, v in fields.items()}
+def waited(reply) -> bool:
+    """The reply tells Envoy to wait longer for the message: a hold began."""
+    return reply.HasField("override_message_timeout")
 
 
 # -- item 13: paths ------------------------------------------------------------------------
@@ -120,73 +119,71 @@ TOOL_CALL = orjson.dumps({"model": "qwen3-32b", "choices": [{"message": {"tool_c
     {"id": "call_9", "function": {"name": "t"}}]}, "finish_reason": "tool_calls"}]})
 
 
-async def locked_and_down(replica: Replica) -> ExtProcStream:
+async def locked_and_down(replica: Replica) -> Driver:
     """A session whose tool call came from qwen3-32b; then qwen3-32b is taken out."""
     first = replica.stream()
     await first.handle(headers_msg(CHAT))
-    await first.handle(body_msg(BODY))
+    await first.handle(body_msg(WITH_TOOLS))
     await first.handle(response_headers("200", "application/json"))
-    await first.handle(ep.ProcessingRequest(
-        response_body=ep.HttpBody(body=TOOL_CALL, end_of_stream=True)))
+    await first.handle(response_body(TOOL_CALL))
     first.close()
-    replica.router.health.record("qwen3-32b", 503)
+    replica.parts.health.record("qwen3-32b", 503)
     stream = replica.stream()
     await stream.handle(headers_msg(CHAT))
     return stream
 
 
 async def test_a_locked_request_waits_for_its_model_then_goes_to_it(config, clock):
-    replica = Replica(Router(quick_hold(config, 20), clock=clock))
+    replica = Replica(assemble(quick_hold(config, 20), clock=clock))
     stream = await locked_and_down(replica)
-    hold = await stream.handle(body_msg(TOOL_RESULT))
-    assert isinstance(hold, Hold) and hold.kind == "locked" and hold.timeout == 20
-    waiting = asyncio.ensure_future(hold.wait())
-    await asyncio.sleep(0.1)
-    assert not waiting.done()
-    clock.advance(6)  # the cooldown is over
-    assert await asyncio.wait_for(waiting, 1) is True
-    reply = await stream.resume(hold, True)
+    routing = asyncio.ensure_future(stream.handle(body_msg(TOOL_RESULT)))
+    await replica.held()
+    assert not routing.done()
+    clock.advance(6)  # the cooldown is over: its due time wakes the hold
+    replica.waker.wake("locked", "qwen3-32b")
+    hold, reply = await asyncio.wait_for(routing, 1)
+    assert waited(hold) and hold.override_message_timeout.seconds == 21
     assert set_headers(reply.request_body.response)["x-saar-cluster"] == "qwen3-32b"
     assert saar_metadata(reply)["action"] == "locked_keep"
+    record = replica.replay.get(saar_metadata(reply)["replay_id"])
+    assert [h["kind"] for h in record["holds"]] == ["locked"]
 
 
 async def test_a_locked_request_still_down_after_the_hold_is_refused_with_its_replay_id(
         config, clock):
-    replica = Replica(Router(quick_hold(config, 0.1), clock=clock))
+    replica = Replica(assemble(quick_hold(config, 0.1), clock=clock))
     stream = await locked_and_down(replica)
-    hold = await stream.handle(body_msg(TOOL_RESULT))
-    assert isinstance(hold, Hold)
-    assert await hold.wait() is False
-    reply = await stream.resume(hold, False)
+    hold, reply = await stream.handle(body_msg(TOOL_RESULT))
+    assert waited(hold)
     status, headers, body = immediate(reply)
     assert status == 503 and body["error"]["code"] == "model_unavailable"
     assert headers["retry-after"] == "5"
     replay_id = headers["x-replay-id"]
     assert saar_metadata(reply) == {"error": "model_unavailable", "replay_id": replay_id}
-    record = replica.router.replay.get(replay_id)
+    record = replica.replay.get(replay_id)
     assert (record["model"], record["lock"], record["action"]) == (
         "qwen3-32b", "tool_loop", "locked_keep")
     assert record["outcome"]["refused"] == "model_unavailable"
+    assert replica.parts.metrics.holds.labels("locked", "timeout")._value.get() == 1
 
 
 async def test_without_a_hold_the_refusal_is_immediate(config, clock):
-    replica = Replica(Router(quick_hold(config, 0), clock=clock))
+    replica = Replica(assemble(quick_hold(config, 0), clock=clock))
     stream = await locked_and_down(replica)
     status, headers, _ = immediate(await stream.handle(body_msg(TOOL_RESULT)))
     assert status == 503 and headers["x-replay-id"].startswith("rp-")
 
 
 async def test_a_locked_request_lists_its_issuer_once_per_envoy_attempt(config, clock):
-    replica = Replica(two_worker_router(config, clock))
+    replica = Replica(assemble(two_workers(config), clock=clock))
     first = replica.stream()
     await first.handle(headers_msg(CHAT))
-    reply = await first.handle(body_msg(BODY))
+    reply = await first.handle(body_msg(WITH_TOOLS))
     lb = reply.dynamic_metadata.fields["envoy.lb"].struct_value.fields
     workers = lb["x-gateway-destination-endpoint"].string_value.split(",")
     assert len(set(workers)) == 2  # a new turn may fall back to the other worker
     await first.handle(response_headers("200", "application/json"))
-    await first.handle(ep.ProcessingRequest(
-        response_body=ep.HttpBody(body=TOOL_CALL, end_of_stream=True)))
+    await first.handle(response_body(TOOL_CALL))
     first.close()
     stream = replica.stream()
     await stream.handle(headers_msg(CHAT))
@@ -208,38 +205,40 @@ def large_headers(key: str) -> ep.ProcessingRequest:
                         "content-length": str(len(LARGE))})
 
 
-def gated(replica: Replica, bodies: LargeBodies, parser: ParseThread | None = None):
-    return ExtProcStream(replica.router, replica.state, bodies=bodies, parser=parser)
+def gated(replica: Replica, bodies: LargeBodies) -> list[Driver]:
+    replica.bodies = bodies
+    return [replica.stream() for _ in range(8)]
 
 
 async def test_a_tenants_further_large_body_waits_for_its_turn(replica):
     bodies = LargeBodies(1024, per_tenant=1, wait_seconds=5)
-    first, second, other = (gated(replica, bodies) for _ in range(3))
+    first, second, other, *_ = gated(replica, bodies)
     assert (await first.handle(large_headers("a"))).HasField("request_headers")
-    hold = await second.handle(large_headers("a"))
-    assert isinstance(hold, Hold) and hold.kind == "large_body"
+    waiting = asyncio.ensure_future(second.handle(large_headers("a")))
+    await replica.held()
     # Another tenant is not held by this one.
     assert (await other.handle(large_headers("b"))).HasField("request_headers")
-    waiting = asyncio.ensure_future(hold.wait())
     await asyncio.sleep(0.05)
     assert not waiting.done()
     await first.handle(body_msg(LARGE))  # parsed and routed: its slot goes to the next
-    assert await asyncio.wait_for(waiting, 1) is True
-    assert (await second.resume(hold, True)).HasField("request_headers")
+    hold, reply = await asyncio.wait_for(waiting, 1)
+    assert waited(hold) and reply.HasField("request_headers")
     reply = await second.handle(body_msg(LARGE))
     assert reply.HasField("request_body")
     for stream in (first, second, other):
         stream.close()
     assert len(bodies) == 0  # nothing kept once nothing is in flight
+    record = replica.replay.get(saar_metadata(reply)["replay_id"])
+    assert [h["kind"] for h in record["holds"]] == ["large_body"]
 
 
 async def test_a_large_body_that_waited_too_long_is_429(replica):
     bodies = LargeBodies(1024, per_tenant=1, wait_seconds=0.05)
-    first, second = gated(replica, bodies), gated(replica, bodies)
+    first, second, *_ = gated(replica, bodies)
     await first.handle(large_headers("a"))
-    hold = await second.handle(large_headers("a"))
-    assert await hold.wait() is False
-    status, headers, body = immediate(await second.resume(hold, False))
+    hold, reply = await second.handle(large_headers("a"))
+    assert waited(hold)
+    status, headers, body = immediate(reply)
     assert (status, headers["retry-after"], body["error"]["code"]) == (429, "1", "tenant_busy")
     first.close()
     second.close()
@@ -248,11 +247,10 @@ async def test_a_large_body_that_waited_too_long_is_429(replica):
 
 async def test_past_the_queue_a_large_body_is_429_at_once(replica):
     bodies = LargeBodies(1024, per_tenant=1, wait_seconds=5)
-    streams = [gated(replica, bodies) for _ in range(7)]
+    streams = gated(replica, bodies)[:7]
     await streams[0].handle(large_headers("a"))
-    holds = [await s.handle(large_headers("a")) for s in streams[1:5]]
-    waits = [asyncio.ensure_future(h.wait()) for h in holds]
-    await asyncio.sleep(0.01)
+    waits = [asyncio.ensure_future(s.handle(large_headers("a"))) for s in streams[1:5]]
+    await replica.held(4)
     status, _, _ = immediate(await streams[5].handle(large_headers("a")))
     assert status == 429
     for wait in waits:  # the clients hang up while they wait
@@ -265,24 +263,28 @@ async def test_past_the_queue_a_large_body_is_429_at_once(replica):
 
 async def test_a_body_without_content_length_is_gated_when_it_arrives(replica):
     bodies = LargeBodies(1024, per_tenant=1, wait_seconds=5)
-    first, second = gated(replica, bodies), gated(replica, bodies)
+    first, second, *_ = gated(replica, bodies)
     headers = {**CHAT, "authorization": "Bearer a"}
     await first.handle(headers_msg(headers))
     await second.handle(headers_msg(headers))
-    assert first._admit(len(LARGE), lambda: None) is None  # type: ignore[arg-type, return-value]
-    hold = await second.handle(body_msg(LARGE))
-    assert isinstance(hold, Hold) and hold.kind == "large_body"
+    tenant = "k-" + replica.router.identity.tenant_of("Bearer a")
+    assert bodies.enter(tenant, len(LARGE)).now  # another body of the tenant holds the slot
+    waiting = asyncio.ensure_future(second.handle(body_msg(LARGE)))
+    await replica.held()
+    ticket = bodies.leave(tenant)  # that body is done: the gate names who is next
+    assert ticket is not None
+    replica.waker.wake("large_body", ticket)
+    hold, reply = await asyncio.wait_for(waiting, 1)
+    assert waited(hold) and reply.HasField("request_body")
     first.close()
-    assert await hold.wait() is True
-    reply = await second.resume(hold, True)
-    assert reply.HasField("request_body")
     second.close()
+    assert len(bodies) == 0
 
 
 async def test_a_large_body_is_parsed_on_the_parse_thread(config, clock):
     small = replace(config, limits=replace(config.limits, parse_thread_bytes=1024))
-    replica = Replica(Router(small, clock=clock))
     parser = ParseThread()
+    replica = Replica(assemble(small, clock=clock), parser=parser)
     seen = []
     read = replica.router.read
 
@@ -294,11 +296,11 @@ async def test_a_large_body_is_parsed_on_the_parse_thread(config, clock):
 
     replica.router.read = spy  # type: ignore[method-assign]
     try:
-        stream = ExtProcStream(replica.router, replica.state, parser=parser)
+        stream = replica.stream()
         await stream.handle(headers_msg(CHAT))
         reply = await stream.handle(body_msg(LARGE))
         assert saar_metadata(reply)["replay_id"].startswith("rp-")  # routed
-        stream = ExtProcStream(replica.router, replica.state, parser=parser)
+        stream = replica.stream()
         await stream.handle(headers_msg(CHAT))
         await stream.handle(body_msg(BODY))  # small: on the loop
     finally:
@@ -311,15 +313,28 @@ async def test_a_gateways_streamed_large_body_is_gated_once_gathered(replica):
     from .test_duplex import chunk, duplex_headers
 
     bodies = LargeBodies(1024, per_tenant=1, wait_seconds=5)
-    first, second = gated(replica, bodies), gated(replica, bodies)
+    first, second, *_ = gated(replica, bodies)
     headers = {**CHAT, "authorization": "Bearer a"}
     for stream in (first, second):
         assert await stream.handle(duplex_headers(headers)) is None
-    assert first._admit(len(LARGE), lambda: None) is None  # type: ignore[arg-type, return-value]
-    hold = await second.handle(chunk(LARGE, True))
-    assert isinstance(hold, Hold) and hold.kind == "large_body"
-    first.close()
-    assert await hold.wait() is True
-    replies = await second.resume(hold, True)
-    assert isinstance(replies, list) and replies[0].HasField("request_headers")
+    tenant = "k-" + replica.router.identity.tenant_of("Bearer a")
+    assert bodies.enter(tenant, len(LARGE)).now  # another body of the tenant holds the slot
+    waiting = asyncio.ensure_future(second.handle(chunk(LARGE, True)))
+    await replica.held()
+    ticket = bodies.leave(tenant)
+    assert ticket is not None
+    replica.waker.wake("large_body", ticket)
+    replies = await asyncio.wait_for(waiting, 1)
+    assert waited(replies[0]) and replies[1].HasField("request_headers")
     second.close()
+
+
+async def test_the_parse_thread_runs_calls_off_the_loop():
+    import threading
+
+    parser = ParseThread()
+    try:
+        name = await parser.run(lambda: threading.current_thread().name)
+    finally:
+        parser.close()
+    assert name.startswith("saar-parse")

@@ -1,6 +1,6 @@
-"""Issue 9's property test through the servicer: 10,000 generated bodies and headers fed to
-``ExtProcStream`` as Envoy sends them. Never an ``internal_error``; every error in the client's
-format (Anthropic's on /v1/messages, OpenAI's elsewhere) with a client status; a rewritten body
+"""Issue 9's property test through the servicer: 10,000 generated bodies and headers fed to a
+stream (codec, loop and exchange) as Envoy sends them. Never an ``internal_error``; every error
+in the client's format (Anthropic's on /v1/messages, OpenAI's elsewhere) with a client status; a rewritten body
 equal to the original except its model; a client's routing headers always removed."""
 
 from __future__ import annotations
@@ -12,11 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from extproc.adapter.stream import ExtProcStream
-from extproc.core.router import Router
-from extproc.state.layer import StateLayer
-from extproc.state.memory import MemoryStore
-from tests.adapter.test_stream import body_msg, headers_msg
+from extproc.assembly import assemble
+from tests.adapter.support import Replica, body_msg, headers_msg
 from tests.apis.generate import JsonText, Shapes, join
 
 PATHS = {"/v1/chat/completions": 0, "/v1/responses": 1, "/v1/messages": 2}
@@ -36,11 +33,7 @@ def fuzz(examples: int) -> settings:
 def replica(session_config):
     from tests.conftest import FakeClock
 
-    clock = FakeClock()
-    router = Router(session_config, clock=clock)
-    state = StateLayer(MemoryStore.from_config(session_config, clock), None, clock=clock,
-                       metrics=router.metrics)
-    return router, state
+    return Replica(assemble(session_config, clock=FakeClock()))
 
 
 @pytest.fixture(scope="module")
@@ -75,9 +68,8 @@ def body(r: Random, api_index: int) -> bytes:
     return raw
 
 
-async def drive(router: Router, state: StateLayer, path: str, sent: dict[str, str],
-                raw: bytes) -> None:
-    stream = ExtProcStream(router, state)
+async def drive(replica: Replica, path: str, sent: dict[str, str], raw: bytes) -> None:
+    stream = replica.stream()
     first = await stream.handle(headers_msg(sent))
     if first.HasField("immediate_response"):
         check_error(first.immediate_response, path)
@@ -94,7 +86,7 @@ async def drive(router: Router, state: StateLayer, path: str, sent: dict[str, st
         rewritten = orjson.loads(common.body_mutation.body)
         original = orjson.loads(raw)
         assert rewritten == {**original, "model": rewritten["model"]}
-        assert rewritten["model"] in router.config.models
+        assert rewritten["model"] in replica.parts.config.models
 
 
 def check_error(immediate, path: str) -> None:
@@ -110,8 +102,8 @@ def check_error(immediate, path: str) -> None:
 @fuzz(10_000)
 @given(st.randoms(use_true_random=True))
 async def test_generated_requests_never_fail_inside_and_only_model_changes(replica, r):
-    router, state = replica
     path = r.choice(list(PATHS))
-    await drive(router, state, path, headers(r, path), body(r, PATHS[path]))
-    assert router.metrics.errors.labels("internal_error")._value.get() == 0
-    assert router.metrics.stream_failures._value.get() == 0
+    await drive(replica, path, headers(r, path), body(r, PATHS[path]))
+    metrics = replica.parts.metrics
+    assert metrics.errors.labels("internal_error")._value.get() == 0
+    assert metrics.stream_failures._value.get() == 0

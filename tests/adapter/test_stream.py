@@ -6,61 +6,30 @@ from dataclasses import replace
 
 import orjson
 import pytest
-from envoy.config.core.v3 import base_pb2 as core
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
-from extproc.adapter.stream import ExtProcStream
-from extproc.core.router import Router
-from extproc.state import MemoryStore, Query
-from extproc.state.layer import StateLayer
-from extproc.state.records import owner_key
+from extproc.assembly import assemble
 
-
-def headers_msg(headers: dict[str, str], end: bool = False) -> ep.ProcessingRequest:
-    values = [core.HeaderValue(key=k, raw_value=v.encode()) for k, v in headers.items()]
-    return ep.ProcessingRequest(
-        request_headers=ep.HttpHeaders(
-            headers=core.HeaderMap(headers=values), end_of_stream=end))
-
-
-def body_msg(body: bytes) -> ep.ProcessingRequest:
-    return ep.ProcessingRequest(request_body=ep.HttpBody(body=body, end_of_stream=True))
-
-
-def set_headers(common: ep.CommonResponse) -> dict[str, str]:
-    return {h.header.key: h.header.raw_value.decode() for h in common.header_mutation.set_headers}
-
-
-CHAT = {":method": "POST", ":path": "/v1/chat/completions", "x-session-id": "s"}
-BODY = orjson.dumps({"model": "auto", "messages": [{"role": "user", "content": "refactor it"}]})
-STREAMED = orjson.dumps({"model": "auto", "stream": True,
-                         "messages": [{"role": "user", "content": "refactor it"}]})
-
-
-class Replica:
-    """A router and its state layer: what one processor process holds."""
-
-    def __init__(self, router: Router, state: StateLayer | None = None) -> None:
-        self.router = router
-        self.state = state or StateLayer(MemoryStore.from_config(router.config, router.clock), None,
-                                         clock=router.clock, metrics=router.metrics)
-
-    def stream(self) -> ExtProcStream:
-        return ExtProcStream(self.router, self.state)
-
-    def session(self, replay_id: str):
-        tenant = self.router.replay.get(replay_id)["session"]["tenant"]
-        return self.state.local.record(f"{tenant}/s")
-
-    def owner(self, replay_id: str, call_id: str):
-        tenant = self.router.replay.get(replay_id)["session"]["tenant"]
-        key = owner_key(tenant, call_id)
-        return self.state.local.load_now(Query(None, (key,))).owners.get(key)
+from .support import (
+    BODY,
+    CHAT,
+    STREAMED,
+    TOOLS,
+    WITH_TOOLS,
+    Driver,
+    Replica,
+    body_msg,
+    headers_msg,
+    response_body,
+    response_headers,
+    set_headers,
+    two_workers,
+)
 
 
 @pytest.fixture
 def replica(config, clock) -> Replica:
-    return Replica(Router(config, clock=clock))
+    return Replica(assemble(config, clock=clock))
 
 
 async def test_routes_rewrites_and_emits_metadata(replica):
@@ -120,18 +89,12 @@ async def test_empty_body_on_llm_path_is_400(replica):
 
 async def test_oversized_body_is_413(config, clock):
     small = replace(config, limits=replace(config.limits, max_body_bytes=64))
-    stream = Replica(Router(small, clock=clock)).stream()
+    stream = Replica(assemble(small, clock=clock)).stream()
     await stream.handle(headers_msg(CHAT))
     assert (await stream.handle(body_msg(BODY))).immediate_response.status.code == 413
 
 
-def response_headers(status: str, content_type: str) -> ep.ProcessingRequest:
-    return ep.ProcessingRequest(response_headers=ep.HttpHeaders(headers=core.HeaderMap(headers=[
-        core.HeaderValue(key=":status", raw_value=status.encode()),
-        core.HeaderValue(key="content-type", raw_value=content_type.encode())])))
-
-
-async def routed_stream(replica: Replica, body: bytes = BODY) -> tuple[ExtProcStream, dict]:
+async def routed_stream(replica: Replica, body: bytes = WITH_TOOLS) -> tuple[Driver, dict]:
     stream = replica.stream()
     await stream.handle(headers_msg(CHAT))
     reply = await stream.handle(body_msg(body))
@@ -149,15 +112,27 @@ async def test_json_answer_commits_with_its_ids_before_the_client_reads_it(repli
     # The JSON body is asked for, buffered; the commit waits for it and goes in one write.
     assert reply.mode_override.response_body_mode == 2  # BUFFERED
     assert replica.session(replay_id) is None
-    reply = await stream.handle(ep.ProcessingRequest(
-        response_body=ep.HttpBody(body=TOOL_CALL, end_of_stream=True)))
+    reply = await stream.handle(response_body(TOOL_CALL))
     assert reply.HasField("response_body")
     record = replica.session(replay_id)
     assert (record.model, record.phase.value, record.turns) == ("qwen3-32b", "tool_loop", 1)
     assert replica.owner(replay_id, "call_9").model == "qwen3-32b"
     stream.close()
-    outcome = replica.router.replay.get(replay_id)["outcome"]
+    outcome = replica.replay.get(replay_id)["outcome"]
     assert (outcome["status"], outcome["finish_reason"]) == (200, "tool_calls")
+
+
+async def test_an_answer_that_cannot_carry_ids_commits_at_its_headers_unread(replica):
+    """No tools offered, a Chat request: nothing in the answer can bind the session, so its
+    body passes unread (one message fewer) and the turn commits with the status."""
+    stream, meta = await routed_stream(replica, BODY)
+    replay_id = meta["replay_id"].string_value
+    reply = await stream.handle(response_headers("200", "application/json"))
+    assert not reply.HasField("mode_override")
+    record = replica.session(replay_id)
+    assert (record.model, record.turns, record.worker) == ("qwen3-32b", 1, None)
+    stream.close()
+    assert replica.replay.get(replay_id)["outcome"]["status"] == 200
 
 
 async def test_failed_upstream_does_not_commit_nor_read_the_body(replica):
@@ -170,7 +145,7 @@ async def test_failed_upstream_does_not_commit_nor_read_the_body(replica):
 
 async def observe(
     replica: Replica, meta, chunks: list[bytes], end: bool = True
-) -> ExtProcStream:
+) -> Driver:
     """The observe filter's stream: the forwarded metadata on every message,
     observability_mode on all but the end-of-stream one (as Envoy sends it)."""
     stream = replica.stream()
@@ -229,7 +204,7 @@ async def test_the_observer_commits_when_it_finishes_before_the_status_arrives(r
 
 async def test_a_streamed_turn_completes_on_another_replica(config, clock, replica):
     """Two processors, one store: the observe stream reaches the replica that did not route."""
-    other = Replica(Router(config, clock=clock), replica.state)
+    other = Replica(assemble(config, clock=clock), replica.state)
     _, meta = await routed_stream(replica, STREAMED)
     replay_id = meta["replay_id"].string_value
     await observe(other, meta, [sse(CALL_CHUNK), b""])
@@ -252,19 +227,19 @@ async def test_stream_cut_short_still_closes_the_turn(replica):
     assert not observer.observed
     observer.close()
     stream.close()
-    assert replica.router.replay.get(replay_id)["outcome"]["status"] == 200
+    assert replica.replay.get(replay_id)["outcome"]["status"] == 200
 
 
 async def test_a_client_that_hangs_up_before_the_answer_leaves_nothing_behind(config, clock):
-    replica = Replica(two_worker_router(config, clock))
+    replica = Replica(assemble(two_workers(config), clock=clock))
     stream, meta = await routed_stream(replica)
     replay_id = meta["replay_id"].string_value
-    picked = replica.router.replay.get(replay_id)["worker"]["picked"]
-    pool = replica.router.pools.registry.pool("qwen3-32b")
+    picked = replica.replay.get(replay_id)["worker"]["picked"]
+    pool = replica.parts.pools.registry.pool("qwen3-32b")
     assert next(w for w in pool if w.address == picked).in_flight == 1
     stream.close()  # Envoy ends the stream: no response headers ever came
     assert next(w for w in pool if w.address == picked).in_flight == 0
-    assert replica.router.replay.get(replay_id)["outcome"]["aborted"] is True
+    assert replica.replay.get(replay_id)["outcome"]["aborted"] is True
     assert len(replica.state.local) == 0
 
 
@@ -275,15 +250,9 @@ def subset_headers_msg(subset: list[str] | str) -> ep.ProcessingRequest:
     return msg
 
 
-def two_worker_router(config, clock) -> Router:
-    models = dict(config.models)
-    models["qwen3-32b"] = replace(models["qwen3-32b"], endpoints=("10.0.0.1:80", "10.0.0.2:80"))
-    return Router(replace(config, models=models), clock=clock)
-
-
 @pytest.mark.parametrize("hint", [["10.0.0.2:80"], "10.0.0.2:80, 10.9.9.9:80"])
 async def test_the_proxys_subset_hint_limits_the_pick(config, clock, hint):
-    stream = Replica(two_worker_router(config, clock)).stream()
+    stream = Replica(assemble(two_workers(config), clock=clock)).stream()
     await stream.handle(subset_headers_msg(hint))
     reply = await stream.handle(body_msg(BODY))
     assert set_headers(reply.request_body.response)["x-gateway-destination-endpoint"] == (
@@ -293,7 +262,7 @@ async def test_the_proxys_subset_hint_limits_the_pick(config, clock, hint):
 
 
 async def test_an_empty_subset_is_503(config, clock):
-    stream = Replica(two_worker_router(config, clock)).stream()
+    stream = Replica(assemble(two_workers(config), clock=clock)).stream()
     await stream.handle(subset_headers_msg(["10.9.9.9:80"]))
     reply = await stream.handle(body_msg(BODY))
     assert reply.immediate_response.status.code == 503
@@ -301,20 +270,19 @@ async def test_an_empty_subset_is_503(config, clock):
 
 
 async def test_the_served_worker_is_learnt_from_envoys_attribute(config, clock):
-    replica = Replica(two_worker_router(config, clock))
-    long = orjson.dumps({"model": "auto", "messages": [
+    replica = Replica(assemble(two_workers(config), clock=clock))
+    long = orjson.dumps({"model": "auto", "tools": TOOLS, "messages": [
         {"role": "user", "content": "please refactor " + "the module " * 100}]})
     stream, meta = await routed_stream(replica, long)
     replay_id = meta["replay_id"].string_value
-    router = replica.router
-    picked = router.replay.get(replay_id)["worker"]["picked"]
+    picked = replica.replay.get(replay_id)["worker"]["picked"]
     other = next(a for a in ("10.0.0.1:80", "10.0.0.2:80") if a != picked)
     headers = response_headers("200", "application/json")
     headers.attributes["envoy.filters.http.ext_proc"].update({"upstream.address": other})
     await stream.handle(headers)
-    await stream.handle(
-        ep.ProcessingRequest(response_body=ep.HttpBody(body=b"{}", end_of_stream=True)))
-    assert router.replay.get(replay_id)["outcome"]["served_worker"] == other
+    await stream.handle(response_body(b"{}"))
+    assert replica.replay.get(replay_id)["outcome"]["served_worker"] == other
     # The session is bound to where it really went, and the prefix index learnt it too.
     assert replica.session(replay_id).worker == other
-    assert router.pools.index.held(other) == router.pools.index.held(picked) > 10
+    index = replica.parts.pools.index
+    assert index.held(other) == index.held(picked) > 10

@@ -7,8 +7,9 @@ from dataclasses import replace
 import orjson
 import pytest
 
+from extproc.assembly import assemble
 from extproc.config import Config
-from extproc.core.router import LocalDriver, Router
+from extproc.core.router import LocalDriver
 from extproc.errors import ModelUnavailable, UnknownModel
 from extproc.state.records import Forget
 from extproc.types import Api, ResponseSummary, Usage
@@ -33,7 +34,8 @@ class Driver:
     """Plays the upstream: every routed request is answered like the gRPC adapter reports it."""
 
     def __init__(self, config: Config, clock) -> None:
-        self.router = Router(config, clock=clock)
+        self.parts = assemble(config, clock=clock)
+        self.router = self.parts.router
         self.local = LocalDriver(self.router)
         self.clock = clock
 
@@ -48,7 +50,7 @@ class Driver:
         return routed
 
     def record(self, routed):
-        return self.router.replay.get(routed.replay_id)
+        return self.parts.replay.get(routed.replay_id)
 
 
 def session_key(driver: Driver, routed) -> str:
@@ -64,8 +66,8 @@ def driver(session_config, clock) -> Driver:
 def test_new_session_follows_base_choice(driver):
     routed = driver.send(chat(HARD))
     assert routed.model == STRONG
-    assert routed.diagnostics["x-saar-action"] == "new"
-    assert routed.diagnostics["x-saar-decision"] == "hard_engineering"
+    assert routed.diagnostics.action == "new"
+    assert routed.diagnostics.decision == "hard_engineering"
     assert orjson.loads(routed.body)["model"] == STRONG
     assert routed.cluster == STRONG
 
@@ -117,7 +119,7 @@ def test_failed_upstream_is_not_committed(driver):
 def test_locked_model_down_answers_503_then_resumes(driver, clock):
     driver.send(chat(HARD), tool_call_ids=["call_z"])
     for _ in range(3):  # three 5xx take the model out for the cooldown
-        driver.router.health.record(STRONG, 503)
+        driver.parts.health.record(STRONG, 503)
     with pytest.raises(ModelUnavailable) as info:
         driver.local.route(Api.CHAT, {"x-session-id": "s1", "authorization": "Bearer k"},
                            chat("ok", results=("call_z",)))
@@ -130,7 +132,7 @@ def test_locked_model_down_answers_503_then_resumes(driver, clock):
 def test_unlocked_session_fails_over(driver):
     driver.send(chat(HARD))
     for _ in range(3):
-        driver.router.health.record(STRONG, 503)
+        driver.parts.health.record(STRONG, 503)
     routed = driver.send(chat("and now?"))
     assert routed.model == CHEAP
     assert driver.record(routed)["reason"] == "failover"
@@ -215,7 +217,7 @@ def test_replay_record_has_outcome_and_cache_evidence(driver):
                                        "cached_tokens": 60}
     assert rec["outcome"]["finish_reason"] == "stop"
     assert "storage" not in orjson.dumps(rec).decode()  # content-free
-    assert driver.router.replay.for_session("s1")[0]["replay_id"] == routed.replay_id
+    assert driver.parts.replay.for_session("s1")[0]["replay_id"] == routed.replay_id
 
 
 def test_session_final_releases_memory(driver):
@@ -224,7 +226,7 @@ def test_session_final_releases_memory(driver):
     routed = driver.local.route(Api.CHAT, headers, chat(HARD))
     store.apply_now(router.answered(routed, 200), driver.clock())
     assert len(store) == 1
-    store.apply_now(router.ended(routed, {}, None), driver.clock())
+    store.apply_now(router.ended(routed, None), driver.clock())
     assert len(store) == 0
 
 
@@ -237,7 +239,7 @@ def test_processor_writes_its_traffic_as_a_mooncake_trace(session_config, clock,
     driver = Driver(config, clock)
     driver.send(chat(HARD, context_chars=8_000), usage=Usage(2_000, 40, 0))
     driver.send(chat(HARD, context_chars=8_000, results=("c",)), usage=Usage(2_050, 10, 1_990))
-    driver.router.close()
+    driver.parts.close()
     first, second = read_trace(path)
     assert first.session_id == second.session_id and "s1" not in first.session_id
     assert (first.input_length, first.output_length) == (2_000, 40)
@@ -252,7 +254,7 @@ def test_an_answer_that_never_comes_is_not_committed(driver):
     and the replay record says so."""
     headers = {"x-session-id": "lost", "authorization": "Bearer k"}
     lost = driver.local.route(Api.CHAT, headers, chat(HARD))
-    writes = driver.router.ended(lost, {"status": 0, "aborted": True}, None)
+    writes = driver.router.ended(lost, None, aborted=True)
     driver.local.store.apply_now(writes, driver.clock())
     assert driver.local.session(session_key(driver, lost)) is None
     assert driver.record(lost)["outcome"]["aborted"] is True
@@ -306,8 +308,8 @@ def test_a_session_that_outgrows_its_models_window_moves(session_config, clock):
 def test_only_unavailability_takes_a_model_out(driver, status, down):
     """Issue 9 item 5: three 500s a caller provoked with bad requests take nothing down."""
     for _ in range(3):
-        driver.router.health.record(STRONG, status)
-    assert driver.router.health.available(STRONG) is not down
+        driver.parts.health.record(STRONG, status)
+    assert driver.parts.health.available(STRONG) is not down
 
 
 def test_a_context_no_model_fits_is_a_400_not_a_retryable_503(session_config, clock):
@@ -345,7 +347,7 @@ def test_facts_loaded_from_the_headers_cover_a_turn_continuing_the_last_answer(d
 def test_holds_are_recorded_and_not_counted_as_loading(driver):
     import time as wall
 
-    from extproc.core.router import Held
+    from extproc.core.journal import Held
 
     router, local = driver.router, driver.local
     request = router.read(Api.CHAT, {"x-session-id": "h"}, chat(HARD))

@@ -7,8 +7,9 @@ from dataclasses import replace
 
 import orjson
 
+from extproc.assembly import assemble
 from extproc.config import Config, Pricing
-from extproc.core.router import LocalDriver, Router
+from extproc.core.router import LocalDriver
 from extproc.dev.evaluation.policies import policy_config
 from extproc.dev.whatif import table, what_if
 from extproc.types import Api, ResponseSummary, Usage
@@ -27,8 +28,8 @@ def recorded(config: Config) -> list[dict]:
     """A session: a hard task calls a tool; its result comes back beside a request to explain
     (a drift the tool lock holds), then a light follow-up."""
     clock = FakeClock()
-    router = Router(config, clock=clock)
-    driver = LocalDriver(router)
+    parts = assemble(config, clock=clock)
+    driver = LocalDriver(parts.router)
     headers = {"x-session-id": "w1", "authorization": "Bearer k"}
     ask = {"role": "user", "content": "Refactor the parser, then run the tests."}
     result = {"role": "tool", "tool_call_id": "call_1", "content": "12 passed"}
@@ -47,7 +48,7 @@ def recorded(config: Config) -> list[dict]:
         clock.advance(1.5)
         driver.respond(routed, answer)
         clock.advance(3.0)
-    return router.replay.for_session("w1")
+    return parts.replay.for_session("w1")
 
 
 def test_the_same_config_decides_every_turn_the_same(config):

@@ -31,7 +31,7 @@ async def exported(config) -> set[str]:
     try:
         async with httpx.AsyncClient() as client:
             assert (await client.get(f"http://127.0.0.1:{running.http_port}/metrics")).is_success
-        families = list(running.router.metrics.registry.collect())
+        families = list(running.parts.metrics.registry.collect())
     finally:
         await running.stop()
     names = set()

@@ -6,12 +6,9 @@ from __future__ import annotations
 from envoy.config.core.v3 import base_pb2 as core
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
-from extproc.adapter.stream import ExtProcStream
-from extproc.core.router import Router
+from extproc.assembly import assemble
 from extproc.observability.figures import Figures
 from extproc.observability.metrics import Metrics
-from extproc.state import MemoryStore
-from extproc.state.layer import StateLayer
 from tests.conftest import FakeClock
 
 
@@ -21,16 +18,16 @@ def _headers(values: dict[str, str]) -> ep.ProcessingRequest:
 
 
 async def test_stripped_headers_are_counted_under_bounded_labels(config, clock):
-    router = Router(config, clock=clock)
-    state = StateLayer(MemoryStore.from_config(config, clock), None, clock=clock,
-                       metrics=router.metrics)
+    from tests.adapter.support import Replica
+
+    replica = Replica(assemble(config, clock=clock))
     for request in range(50):
         junk = {f"x-saar-junk-{request}-{i}": "1" for i in range(80)}
         spoofed = {":method": "POST", ":path": "/v1/chat/completions", "x-saar-cluster": "evil",
                    "x-gateway-destination-endpoint": "10.0.0.1:80", **junk}
-        reply = await ExtProcStream(router, state).handle(_headers(spoofed))
+        reply = await replica.stream().handle(_headers(spoofed))
         assert len(reply.request_headers.response.header_mutation.remove_headers) == 82
-    samples = [s for family in router.metrics.registry.collect()
+    samples = [s for family in replica.parts.metrics.registry.collect()
                if family.name == "saar_stripped_headers" for s in family.samples
                if s.name.endswith("_total")]
     counts = {s.labels["header"]: s.value for s in samples}

@@ -13,8 +13,9 @@ import orjson
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
+from extproc.assembly import assemble
 from extproc.config import Otlp
-from extproc.core.router import LocalDriver, Router
+from extproc.core.router import LocalDriver
 from extproc.service.telemetry import Telemetry
 from extproc.types import Api, ResponseSummary
 
@@ -60,9 +61,9 @@ def _traced(config, port: int):
 async def test_a_routed_request_is_a_span_tree_in_the_clients_trace(config, receiver):
     found, port = receiver
     config = _traced(config, port)
-    router = Router(config)
-    telemetry = Telemetry.start(config, router)
-    driver = LocalDriver(router)
+    parts = assemble(config)
+    telemetry = Telemetry.start(config, parts)
+    driver = LocalDriver(parts.router)
     headers = {"x-session-id": "otel", "authorization": "Bearer k"}
     traced = driver.route(Api.CHAT, {**headers, "traceparent": f"00-{TRACE_ID}-{CLIENT_SPAN}-01"},
                           BODY)

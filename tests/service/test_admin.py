@@ -36,7 +36,7 @@ async def _running(config, tmp_path, token: str | None):
 
 
 def _route(service, credential: dict[str, str], session: str) -> str:
-    driver = LocalDriver(service.router)
+    driver = LocalDriver(service.parts.router)
     routed = driver.route(Api.CHAT, {**credential, "x-session-id": session}, BODY)
     driver.respond(routed, ResponseSummary(status=200, finish_reason="stop"))
     return routed.replay_id

@@ -41,7 +41,7 @@ async def test_grpc_health_serves_every_service_envoy_and_kubernetes_ask(service
 
 async def test_replay_over_grpc_and_http(service):
     body = orjson.dumps({"model": "auto", "messages": [{"role": "user", "content": "refactor"}]})
-    routed = LocalDriver(service.router).route(Api.CHAT, {"x-session-id": "s-app"}, body)
+    routed = LocalDriver(service.parts.router).route(Api.CHAT, {"x-session-id": "s-app"}, body)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{service.grpc_port}") as channel:
         stub = replay_pb2_grpc.ReplayStub(channel)
         metadata = tuple(ADMIN.items())
@@ -73,7 +73,7 @@ async def test_workers_file_is_reloaded_without_a_restart(config, tmp_path):
         config.server, grpc_port=0, http_port=0)))
     try:
         def pool() -> set[str]:
-            return {w.address for w in running.router.pools.registry.pool("qwen3-8b")}
+            return {w.address for w in running.parts.pools.registry.pool("qwen3-8b")}
 
         for _ in range(40):
             if "10.0.0.7:8000" in pool():
@@ -102,7 +102,7 @@ async def test_a_worker_whose_metrics_are_unreachable_leaves_the_pick(config):
         config.server, grpc_port=0, http_port=0)))
     try:
         def health() -> dict[str, bool]:
-            return {w.address: w.healthy for w in running.router.pools.registry.pool("qwen3-8b")}
+            return {w.address: w.healthy for w in running.parts.pools.registry.pool("qwen3-8b")}
 
         for _ in range(60):
             if not health()[dead]:

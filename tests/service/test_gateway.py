@@ -128,9 +128,9 @@ async def test_readiness_waits_for_the_pools_pods_then_they_are_its_workers(
                 api.script(PODS, listed("pods-list-2.json"))
                 await asyncio.wait_for(running.ready.wait(), 15)
                 assert await health(ch, "readiness") == SERVING
-            pool = {w.address for w in running.router.pools.registry.pool("qwen3-8b")}
+            pool = {w.address for w in running.parts.pools.registry.pool("qwen3-8b")}
             assert pool == {"10.2.0.12:8000", "10.2.0.13:8000"}
-            assert set(running.router.config.models) == {"qwen3-8b"}  # the pool's own view
+            assert set(running.parts.config.models) == {"qwen3-8b"}  # the pool's own view
         finally:
             await running.stop()
 

@@ -19,7 +19,7 @@ async def test_tasks_tables_gc_and_process_are_exported(config):
                                                          http_port=0)))
     try:
         body = orjson.dumps({"model": "auto", "messages": [{"role": "user", "content": "x"}]})
-        LocalDriver(running.router).route(Api.CHAT, {"x-session-id": "s-runtime"}, body)
+        LocalDriver(running.parts.router).route(Api.CHAT, {"x-session-id": "s-runtime"}, body)
         gc.collect()
         async with httpx.AsyncClient() as client:
             text = (await client.get(f"http://127.0.0.1:{running.http_port}/metrics")).text

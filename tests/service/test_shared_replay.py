@@ -43,7 +43,7 @@ async def _replica(config, url: str, token_file: str):
 
 
 def _route(service, credential: dict[str, str], session: str) -> str:
-    driver = LocalDriver(service.router)
+    driver = LocalDriver(service.parts.router)
     routed = driver.route(Api.CHAT, {**credential, "x-session-id": session}, BODY)
     driver.respond(routed, ResponseSummary(status=200, finish_reason="stop"))
     return routed.replay_id
@@ -70,7 +70,7 @@ async def test_an_id_from_one_replica_resolves_on_another(config, valkey, tmp_pa
             record = await _eventually(lambda: http.get(f"/v1/replay/{first}", headers=ALICE),
                                        lambda r: r.status_code == 200)
             assert record.json()["outcome"]["status"] == 200, "written again once completed"
-            assert b.router.replay.get(first) is None, "B never routed it: the store answered"
+            assert b.parts.replay.get(first) is None, "B never routed it: the store answered"
             other = await http.get(f"/v1/replay/{first}", headers={"x-api-key": "sk-mallory"})
             assert other.status_code == 404
             listed = await _eventually(
@@ -81,7 +81,7 @@ async def test_an_id_from_one_replica_resolves_on_another(config, valkey, tmp_pa
         try:
             for _ in range(KEPT + 2):
                 _route(a, ALICE, "long")
-            tenant = a.router.replay.get(first)["session"]["tenant"]
+            tenant = a.parts.replay.get(first)["session"]["tenant"]
             key = f"replay-test:v1:rs:{tenant}/long"
             length = await _eventually(lambda: redis.llen(key), lambda n: n == KEPT)
             assert length == KEPT, "a session's list keeps its newest ids"

@@ -23,8 +23,9 @@ from typing import Any
 import orjson
 import yaml
 
+from ...assembly import assemble
 from ...config import Config, parse_config
-from ...core.router import LocalDriver, Router
+from ...core.router import LocalDriver
 from ...types import Api, ResponseSummary
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[3] / "config" / "example.yaml"
@@ -86,7 +87,7 @@ def with_workers(config: Config, workers: int) -> Config:
 
 def route_ms(config: Config, bodies: Sequence[bytes]) -> float:
     """Median ms of read + route over the last ``MEASURED`` turns of one session."""
-    driver = LocalDriver(Router(config))
+    driver = LocalDriver(assemble(config).router)
     router = driver.router
     times = []
     for raw in bodies:

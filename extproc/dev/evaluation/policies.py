@@ -19,6 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ...assembly import assemble
 from ...config import Config, SessionAware, load_config
 from ...core.router import Router
 from ...core.selection import BaseChoice, HybridSelector
@@ -95,4 +96,4 @@ def build_router(config: Config, policy: str, clock: Clock) -> Router:
     """The live router for ``policy``; only ``single_turn`` swaps in a stateless selector."""
     tuned = policy_config(config, policy)
     selector = PerTurnSelector(HybridSelector(tuned)) if policy == BASELINE else None
-    return Router(tuned, clock=clock, selector=selector)
+    return assemble(tuned, clock=clock, selector=selector).router
