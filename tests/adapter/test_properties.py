@@ -1,7 +1,8 @@
 """Issue 9's property test through the servicer: 10,000 generated bodies and headers fed to a
 stream (codec, loop and exchange) as Envoy sends them. Never an ``internal_error``; every error
-in the client's format (Anthropic's on /v1/messages, OpenAI's elsewhere) with a client status; a rewritten body
-equal to the original except its model; a client's routing headers always removed."""
+in the client's format (Anthropic's on /v1/messages, OpenAI's elsewhere) with a client status;
+a rewritten body equal to the original except its model; a client's routing headers always
+removed."""
 
 from __future__ import annotations
 
