@@ -20,6 +20,8 @@ from pydantic import ConfigDict, Field, Strict, StrictBool, StrictInt, StrictStr
 from pydantic import ValidationError as SchemaError
 from pydantic.dataclasses import dataclass
 
+from .adapter.contract import CLUSTER_HEADER, MODEL_HEADER
+
 _SCHEMA = ConfigDict(extra="forbid")
 Number = Annotated[float, Strict()]
 """A YAML number (an integer is fine, a string or a boolean is not)."""
@@ -188,9 +190,9 @@ class Decision:
 @dataclass(frozen=True, config=_SCHEMA)
 class Routing:
     logical_models: tuple[Name, ...] = ("auto",)
-    cluster_header: HeaderName = "x-saar-cluster"
+    cluster_header: HeaderName = CLUSTER_HEADER
     decisions: tuple[Decision, ...] = ()
-    model_header: HeaderName = "x-gateway-model-name"
+    model_header: HeaderName = MODEL_HEADER
     """Set to the physical model on every routed request: what HTTPRoute rules match to pick
     that model's InferencePool (the client's copy is always removed)."""
     rewrite_model: StrictBool = True

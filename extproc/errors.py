@@ -86,8 +86,6 @@ class RoutingError(Exception):
         out = {"content-type": "application/json"}
         if self.retry_after is not None:
             out["retry-after"] = str(self.retry_after)
-        if self.replay_id is not None:
-            out["x-replay-id"] = self.replay_id
         return out
 
 

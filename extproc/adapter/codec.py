@@ -31,6 +31,7 @@ from .contract import (
     MODEL_RETRIES,
     OBSERVE_HEADER,
     PICK_HEADER,
+    REPLAY_HEADER,
     SERVED_KEY,
     SUBSET_KEY,
     SUBSET_NAMESPACE,
@@ -224,14 +225,14 @@ def error_response(error: RoutingError, style: str = "openai") -> ep.ProcessingR
     metadata = struct_pb2.Struct()
     fields = metadata.fields[METADATA_NAMESPACE].struct_value.fields
     fields[ERROR_KEY].string_value = error.code
+    headers = [_header(k, v) for k, v in error.headers().items()]
     if error.replay_id is not None:
-        fields["replay_id"].string_value = error.replay_id
+        fields[DIAGNOSTIC_HEADERS[REPLAY_HEADER]].string_value = error.replay_id
+        headers.append(_header(REPLAY_HEADER, error.replay_id))
     return ep.ProcessingResponse(
         immediate_response=ep.ImmediateResponse(
             status=http_status_pb2.HttpStatus(code=error.status),
-            headers=ep.HeaderMutation(
-                set_headers=[_header(k, v) for k, v in error.headers().items()]
-            ),
+            headers=ep.HeaderMutation(set_headers=headers),
             body=error.body(style),
             details=f"saar_{error.code}",
         ),

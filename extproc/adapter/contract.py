@@ -23,10 +23,14 @@ PICK_HEADER = "x-saar-endpoint"
 """Response header the processor sets itself: the endpoint it picked (its first choice)."""
 MODEL_HEADER = "x-gateway-model-name"
 """The default ``routing.model_header``: the routed model, which HTTPRoute rules match."""
+CLUSTER_HEADER = "x-saar-cluster"
+"""The default ``routing.cluster_header``: the cluster Envoy's route sends the request to."""
 DIAGNOSTIC_PREFIX = "x-saar-"
+REPLAY_HEADER = "x-replay-id"
+"""The decision's record, on every answer (errors the processor gives included)."""
 
 DIAGNOSTIC_HEADERS = {
-    "x-replay-id": "replay_id",
+    REPLAY_HEADER: "replay_id",
     "x-saar-selected-model": "selected_model",
     "x-saar-decision": "decision",
     "x-saar-session-phase": "session_phase",

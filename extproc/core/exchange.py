@@ -269,12 +269,13 @@ Command: TypeAlias = (Load | Parse | Hold | Wake | Apply | Continue | Route | Ch
 class Options:
     """What the exchange reads of the configuration, once per process."""
 
-    cluster_header: str = "x-saar-cluster"
-    model_header: str | None = "x-gateway-model-name"
+    cluster_header: str
+    model_header: str | None
     """Set to the routed model (HTTPRoute rules match it); the client's copy is removed."""
-    diagnostic_prefix: str = "x-saar-"
-    destination_header: str = "x-gateway-destination-endpoint"
-    observe_header: str = "x-saar-observe"
+    diagnostic_prefix: str
+    destination_header: str
+    observe_header: str
+    """The names Envoy trusts (the adapter's contract): a client's copies are removed."""
     max_body_bytes: int = 8 * 1024 * 1024
     parse_thread_bytes: int = 256 * 1024
     hold_paused: bool = True
@@ -576,9 +577,16 @@ class Exchange:
             if left > 0:
                 step = self._settle_step
                 self._settle_step *= 2
-                return self._hold("settle", key, left, lambda late: [Load(request.query)],
+                return self._hold("settle", key, left, self._look_again,
                                   due=min(step, left) if options.shared else None)
         return self._route(admit_paused=False)
+
+    def _look_again(self, late: bool) -> list[Command]:
+        """The settle hold ended: load the facts again (past its time, route on them)."""
+        assert self._request is not None
+        if late:
+            self._settle_deadline = 0.0
+        return [Load(self._request.query)]
 
     # -- routing ---------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from ..adapter.contract import DIAGNOSTIC_HEADERS, REPLAY_HEADER, WORKER_HEADER
 from ..observability.timeline import timeline
 from .harness import Stack, run_stack
 from .records import fetch_records
@@ -39,6 +40,9 @@ TOOLS: list[Any] = [
 ]
 
 
+DIAGNOSTIC = {key: header for header, key in DIAGNOSTIC_HEADERS.items()}
+
+
 def demo_config(base: dict[str, Any], workdir: Path) -> dict[str, Any]:
     """``base`` with the demo's admin token, replay records and Mooncake trace in ``workdir``."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -57,12 +61,12 @@ def _row(turn: str, raw: Any) -> dict[str, str]:
     headers = raw.headers
     return {
         "turn": turn,
-        "model": headers.get("x-saar-selected-model", "?"),
-        "worker": headers.get("x-saar-worker", "?"),
-        "decision": headers.get("x-saar-decision", "?"),
-        "phase": headers.get("x-saar-session-phase", "?"),
-        "action": headers.get("x-saar-action", "?"),
-        "replay": headers.get("x-replay-id", "?"),
+        "model": headers.get(DIAGNOSTIC["selected_model"], "?"),
+        "worker": headers.get(WORKER_HEADER, "?"),
+        "decision": headers.get(DIAGNOSTIC["decision"], "?"),
+        "phase": headers.get(DIAGNOSTIC["session_phase"], "?"),
+        "action": headers.get(DIAGNOSTIC["action"], "?"),
+        "replay": headers.get(REPLAY_HEADER, "?"),
     }
 
 

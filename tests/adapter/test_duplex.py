@@ -11,7 +11,6 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
 from extproc.adapter.codec import CHUNK_BYTES
 from extproc.assembly import assemble
-from extproc.core.exchange import Options
 from extproc.service.roles import pool_config
 
 from .support import (
@@ -230,5 +229,4 @@ async def test_a_tool_result_for_a_physical_model_is_pinned_to_the_issuing_worke
 
 
 def test_options_default_to_the_gateway_model_header(config):
-    assert Options().model_header == "x-gateway-model-name"
-    assert Options.from_config(config, shared=False).model_header == "x-gateway-model-name"
+    assert assemble(config).options.model_header == "x-gateway-model-name"
