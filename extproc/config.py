@@ -446,10 +446,9 @@ class Scheduling:
     """Worker scoring inside a model's pool (weights as the Gateway API Inference Extension)."""
 
     enabled: StrictBool = True
-    scorers: dict[StrictStr, NonNegative] = field(
-        default_factory=lambda: {"prefix": 3.0, "queue": 2.0, "kv_utilization": 2.0,
-                                 "session_affinity": 1.0, "active_sessions": 3.0}
-    )
+    scorers: dict[StrictStr, NonNegative] = field(default_factory=lambda: _default_weights())
+    """Scorer name → weight (0 leaves it out); the names and defaults are the plugin
+    registry's (``scheduling.plugins``)."""
     cost_form: Literal["weighted", "dynamo"] = "weighted"
     """``weighted`` (scorers × weights) or ``dynamo`` (overlap weight × uncached prefill blocks +
     active decode blocks, lowest wins)."""
@@ -581,12 +580,15 @@ def _check_references(config: Config, source: str) -> None:
                 raise ConfigError(f"{source}: {where}.rules.regex[{k}]: {exc}") from None
 
 
-SCORERS = frozenset(
-    {"prefix", "queue", "kv_utilization", "session_affinity", "active_sessions"}
-)
+def _default_weights() -> dict[str, float]:
+    from .scheduling.plugins import default_weights  # the registry imports this module
+
+    return default_weights()
 
 
 def _check_scheduling(scheduling: Scheduling, source: str) -> None:
+    from .scheduling.plugins import SCORERS
+
     for name in scheduling.scorers:
         if name not in SCORERS:
             raise ConfigError(

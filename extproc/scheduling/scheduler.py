@@ -14,11 +14,10 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from ..config import Scheduling
-from .affinity import SessionAffinityScorer
 from .cost import DynamoCost
 from .filters import HealthyFilter, SubsetFilter
 from .picker import MaxScorePicker
-from .scorers import KvUtilizationScorer, PrefixScorer, QueueScorer
+from .plugins import SCORERS, Context
 from .sessions import ActiveSessionsScorer
 from .types import (
     Filter,
@@ -157,35 +156,27 @@ def from_config(
     clock: Callable[[], float] = time.monotonic,
     prefer: Callable[[str | None], str | None] | None = None,
 ) -> Scheduler:
-    """The scheduler ``config`` describes: the subset and healthy filters, the named scorers with
-    their weights (zero-weight ones left out; none in the Dynamo cost form), a seeded max-score
+    """The scheduler ``config`` describes: the subset and healthy filters, the named scorers (the
+    plugin registry's) with their weights (zero-weight ones left out; none in the Dynamo cost
+    form), a seeded max-score
     picker. ``clock`` ages the active-sessions scorer's placements (a simulator's virtual
     time); ``prefer`` is admission's ``preferred_worker``."""
-    affinity = SessionAffinityScorer()
-    sessions = ActiveSessionsScorer(
-        idle_seconds=config.session_idle_seconds, clock=clock, max_sessions=max_sessions
-    )
-    available: dict[str, Scorer] = {
-        "prefix": PrefixScorer(index),
-        "queue": QueueScorer(),
-        "kv_utilization": KvUtilizationScorer(),
-        "session_affinity": affinity,
-        "active_sessions": sessions,
-    }
     dynamo = config.cost_form == "dynamo"
-    scorers = [] if dynamo else [(available[n], w) for n, w in config.scorers.items() if w]
-    used = {id(s) for s, _ in scorers}
+    context = Context(config, index, clock, max_sessions)
+    scorers: list[tuple[Scorer, float]] = [] if dynamo else [
+        (SCORERS[name].make(context), weight) for name, weight in config.scorers.items() if weight]
+    sessions = next((s for s, _ in scorers if isinstance(s, ActiveSessionsScorer)), None)
     return Scheduler(
         scorers,
         MaxScorePicker(rng),
         [SubsetFilter(), HealthyFilter()],
         index,
         cost=DynamoCost(config.overlap_weight) if dynamo else None,
-        observers=[sessions] if id(sessions) in used else [],
+        observers=[sessions] if sessions is not None else [],
         max_waiting=config.max_waiting_per_worker,
         timer=timer,
         prefer=prefer,
-        placed=sessions.worker if id(sessions) in used else None,
+        placed=sessions.worker if sessions is not None else None,
     )
 
 

@@ -221,3 +221,22 @@ def test_a_preferred_eligible_worker_goes_first_and_the_index_learns_it() -> Non
     assert result.ordered == ("b", "a")  # the queue alone would pick a
     assert s.index.matched_blocks("b", BLOCKS) == len(BLOCKS)
     assert s.schedule(request(session="t/gone"), workers).ordered == ("a", "b")  # not eligible
+
+
+def test_the_plugin_registry_is_what_config_and_the_scheduler_read(config):
+    """One registry: the config's default weights, the names it accepts, and the scorers the
+    scheduler builds are all its."""
+    from extproc.config import ConfigError, parse_config
+    from extproc.scheduling.plugins import SCORERS, Context, default_weights
+    from extproc.scheduling.prefix_index import ApproximatePrefixIndex
+    from tests.conftest import session_config_data
+
+    assert config.scheduling.scorers == default_weights()
+    index = ApproximatePrefixIndex.from_config(config.scheduling.prefix)
+    context = Context(config.scheduling, index, lambda: 0.0, 10)
+    assert {name: plugin.make(context).name for name, plugin in SCORERS.items()} == {
+        name: name for name in SCORERS}
+    data = session_config_data()
+    data.setdefault("scheduling", {})["scorers"] = {"prefix": 1.0, "nope": 1.0}
+    with pytest.raises(ConfigError, match="scheduling.scorers.nope: unknown scorer"):
+        parse_config(data)

@@ -1,0 +1,57 @@
+"""The one registry of scoring plugins: each a name, its default weight and a factory that
+reads what it needs of the configuration (the Gateway API Inference Extension's shape).
+
+Configuration validation (``scheduling.scorers`` names), the defaults (their weights) and the
+scheduler (which plugins it builds) all read this table, so a new scorer is one module and one
+line here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .affinity import SessionAffinityScorer
+from .scorers import KvUtilizationScorer, PrefixScorer, QueueScorer
+from .sessions import ActiveSessionsScorer
+from .types import PrefixIndex, Scorer
+
+if TYPE_CHECKING:
+    from ..config import Scheduling
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What a factory may use: the scheduling configuration and the shared parts."""
+
+    config: Scheduling
+    index: PrefixIndex
+    clock: Callable[[], float]
+    max_sessions: int
+
+
+@dataclass(frozen=True, slots=True)
+class ScorerPlugin:
+    name: str
+    weight: float
+    """The default weight (the Inference Extension's where it has the scorer)."""
+    make: Callable[[Context], Scorer]
+
+
+def _active_sessions(context: Context) -> Scorer:
+    return ActiveSessionsScorer(idle_seconds=context.config.session_idle_seconds,
+                                clock=context.clock, max_sessions=context.max_sessions)
+
+
+SCORERS: dict[str, ScorerPlugin] = {plugin.name: plugin for plugin in (
+    ScorerPlugin(PrefixScorer.name, 3.0, lambda c: PrefixScorer(c.index)),
+    ScorerPlugin(QueueScorer.name, 2.0, lambda c: QueueScorer()),
+    ScorerPlugin(KvUtilizationScorer.name, 2.0, lambda c: KvUtilizationScorer()),
+    ScorerPlugin(SessionAffinityScorer.name, 1.0, lambda c: SessionAffinityScorer()),
+    ScorerPlugin(ActiveSessionsScorer.name, 3.0, _active_sessions),
+)}
+
+
+def default_weights() -> dict[str, float]:
+    return {name: plugin.weight for name, plugin in SCORERS.items()}
