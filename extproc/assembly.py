@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from .adapter.contract import DESTINATION_HEADER, DIAGNOSTIC_PREFIX, OBSERVE_HEADER
 from .config import Config
@@ -27,8 +27,23 @@ from .observability.journal import ReplayJournal
 from .observability.metrics import Metrics
 from .observability.replay import JsonlSink, ReplayStore
 from .observability.trace import MooncakeTraceWriter
-from .scheduling.placement import Pools
+from .scheduling import (
+    AdmissionController,
+    ApproximatePrefixIndex,
+    KvHintEmitter,
+    SessionPrefixIndex,
+    WorkerRegistry,
+    from_config,
+)
+from .scheduling.kv_events import PreciseKVIndex, TierWeights
+from .scheduling.memo import BlockMemo
+from .scheduling.placement import PRECISE_BLOCK_SIZE, Pools
+from .scheduling.shared_pool import SharedKVPool
+from .state.table import SessionTable
 from .types import Clock
+
+if TYPE_CHECKING:
+    from .scheduling.tokenizer import Tokenizer
 
 
 class _Closeable(Protocol):
@@ -47,6 +62,8 @@ class Parts:
     health: ModelHealth
     bodies: LargeBodies
     options: Options
+    table: SessionTable
+    """This process's live sessions, every component's per-session slots."""
     sinks: list[_Closeable] = field(default_factory=list)
 
     def exchange(self) -> Exchange:
@@ -81,7 +98,9 @@ def assemble(
     health = ModelHealth(clock=clock, failure_threshold=config.health.failure_threshold,
                          cooldown=config.health.cooldown_seconds)
     engine = SaarEngine(config, health, clock=clock, selector=selector)
-    pools = Pools(config, clock=clock, rng=rng)
+    table = SessionTable(max_sessions=config.memory.max_sessions,
+                         ttl_seconds=config.memory.session_ttl_seconds, clock=clock)
+    pools = _pools(config, clock, table, rng or random.Random())
     sinks: list[_Closeable] = []
     sink = JsonlSink(config.replay.jsonl_path) if config.replay.jsonl_path else None
     replay = ReplayStore(config.replay.capacity, sink, clock=clock)
@@ -93,7 +112,8 @@ def assemble(
         trace = MooncakeTraceWriter(rows.write)
     journal = ReplayJournal(replay, trace)
     router = Router(config, identity=identity, health=health, engine=engine, pools=pools,
-                    journal=journal, metrics=metrics, clock=clock, new_id=replay.new_id)
+                    journal=journal, metrics=metrics, clock=clock, new_id=replay.new_id,
+                    table=table)
     limits = config.limits
     bodies = LargeBodies(limits.large_body_bytes, limits.large_bodies_per_tenant,
                          limits.large_body_wait_seconds, limits.large_body_bytes_per_second,
@@ -102,4 +122,46 @@ def assemble(
         config, shared=config.state.store == "redis" if shared is None else shared,
         diagnostic_prefix=DIAGNOSTIC_PREFIX, destination_header=DESTINATION_HEADER,
         observe_header=OBSERVE_HEADER)
-    return Parts(config, metrics, router, replay, pools, health, bodies, options, sinks)
+    return Parts(config, metrics, router, replay, pools, health, bodies, options, table, sinks)
+
+
+def _pools(config: Config, clock: Clock, table: SessionTable, rng: random.Random) -> Pools:
+    """The worker side: the registry, the prefix index (approximate, or precise with its
+    tokenizer, its tiers and a shared pool), the prompt memo, admission, the scheduler with
+    its plugins, and with KV hints their emitter and the session-prefix index — each session's
+    slots on ``table``."""
+    scheduling = config.scheduling
+    prefix = scheduling.prefix
+    registry = WorkerRegistry(config.models, clock=clock,
+                              staleness_seconds=scheduling.staleness_seconds)
+    tokenizer: Tokenizer | None = None
+    index: ApproximatePrefixIndex | PreciseKVIndex
+    if prefix.mode == "precise":
+        assert prefix.tokenizer is not None  # config validation guarantees it
+        from .scheduling.tokenizer import Tokenizer  # the tokenizers library only when precise
+
+        tokenizer = Tokenizer(prefix.tokenizer)
+        weights = prefix.tier_weights
+        index = PreciseKVIndex(block_size=PRECISE_BLOCK_SIZE, weights=TierWeights(
+            weights.device, weights.cpu, weights.disk, weights.shared))
+    else:
+        index = ApproximatePrefixIndex.from_config(prefix)
+    memo = BlockMemo(prefix.chars_per_block, table=table)
+    admission = AdmissionController(scheduling.admission, clock=clock, table=table)
+    scheduler = from_config(scheduling, index=index, rng=rng, clock=clock,
+                            max_sessions=config.memory.max_sessions,
+                            prefer=admission.preferred_worker, table=table)
+    shared_pool = None
+    if isinstance(index, PreciseKVIndex) and prefix.shared_pool.endpoint:
+        shared_pool = SharedKVPool(index, objects_per_block=prefix.shared_pool.objects_per_block)
+    hints = sessions = None
+    if scheduling.hints.enabled:
+        hints = KvHintEmitter(min_share_tokens=scheduling.hints.min_share_tokens, table=table)
+        sessions = SessionPrefixIndex(table=table)
+        if isinstance(index, PreciseKVIndex):
+            index.listeners.append(sessions.located)
+    pools = Pools(config, registry=registry, index=index, memo=memo, admission=admission,
+                  scheduler=scheduler, table=table, tokenizer=tokenizer, shared_pool=shared_pool,
+                  hints=hints, sessions=sessions)
+    table.leaving(pools.left)
+    return pools

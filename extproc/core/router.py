@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
@@ -35,6 +34,7 @@ from ..state.memory import MemoryStore
 from ..state.records import Claim, Commit, Finish, Forget, Owner, SessionRecord, Turn, Write
 from ..state.records import owner_key as scoped
 from ..state.store import Facts, Query
+from ..state.table import SessionTable
 from ..types import Action, Api, Clock, RequestSummary, ResponseSummary, SessionIdentity
 from .health import ModelHealth
 from .identity import IdentityReader, chained
@@ -95,6 +95,8 @@ class Routed:
     reads_answer: bool = True
     """The answer may carry ids the router must own (tool calls, a response id, provider
     state): its body is read as it passes."""
+    fresh: bool = False
+    """The session had no record: if this turn is never answered, nothing of it is kept."""
 
     @property
     def workers(self) -> tuple[str, ...]:
@@ -115,8 +117,10 @@ class Router:
         metrics: Metrics,
         clock: Clock,
         new_id: Callable[[], str],
+        table: SessionTable,
     ) -> None:
-        """The parts come from ``extproc.assembly``; ``new_id`` names each decision."""
+        """The parts come from ``extproc.assembly``; ``new_id`` names each decision; ``table``
+        holds this process's live sessions (a routed session is active there)."""
         self.config = config
         self.identity = identity
         self.health = health
@@ -127,10 +131,7 @@ class Router:
         self.clock = clock
         self._new_id = new_id
         self._rewrite = config.routing.rewrite_model
-        self._unclaimed: OrderedDict[str, dict[str, float]] = OrderedDict()
-        """Session → its streamed answers whose ids may not all be claimed here yet (replay id
-        → when the routing stream ended; ``inf`` while it runs)."""
-        self._max_sessions = config.memory.max_sessions
+        self._table = table
 
     # -- the request path ------------------------------------------------------------------
 
@@ -198,14 +199,15 @@ class Router:
         """Whether a streamed answer of this session may still carry ids this process has not
         claimed: its stream is running, or ended less than ``UNCLAIMED_SECONDS`` ago (the
         observe stream's last chunks may be handled after the routing stream's end)."""
-        answers = self._unclaimed.get(session_key)
-        if not answers:
+        entry = self._table.get(session_key)
+        answers = None if entry is None else entry.unclaimed
+        if entry is None or not answers:
             return False
         horizon = self.clock() - UNCLAIMED_SECONDS
         for replay_id in [r for r, ended in answers.items() if ended < horizon]:
             del answers[replay_id]
         if not answers:
-            del self._unclaimed[session_key]
+            entry.unclaimed = None
         return bool(answers)
 
     def route(
@@ -283,11 +285,12 @@ class Router:
         self.journal.decided(Decided(
             replay_id, now, summary, identity, decision, placement, state, timings,
             request.headers.get("traceparent"), cached, tuple(holds)))
-        if summary.stream and summary.may_issue and identity.key is not None:
-            self._unclaimed.setdefault(identity.key, {})[replay_id] = math.inf
-            self._unclaimed.move_to_end(identity.key)
-            while len(self._unclaimed) > self._max_sessions:
-                self._unclaimed.popitem(last=False)
+        if identity.key is not None:
+            entry = self._table.touch(identity.key)
+            if summary.stream and summary.may_issue:
+                if entry.unclaimed is None:
+                    entry.unclaimed = {}
+                entry.unclaimed[replay_id] = math.inf
         self.pools.started(placement, identity.key, summary.context_tokens)
         if placement.worker is not None:
             self.metrics.worker_picks.labels(decision.model, placement.worker).inc()
@@ -305,6 +308,7 @@ class Router:
             summary.api,
             decision.action is Action.LOCKED_KEEP,
             summary.may_issue,
+            state is None,
         )
 
     def refused(self, request: Request, facts: Facts, error: LockedModelDown) -> None:
@@ -379,7 +383,8 @@ class Router:
             usage.completion_tokens if usage else 0,
         )
         now = self.clock()
-        answers = self._unclaimed.get(turn.session_key or "")
+        entry = self._table.get(turn.session_key)
+        answers = None if entry is None else entry.unclaimed
         if answers is not None and turn.replay_id in answers:
             if aborted:
                 self._claimed(turn)  # nothing was answered: nothing to claim
@@ -388,20 +393,23 @@ class Router:
         latency = round((now - turn.started) * 1000, 3)
         self.journal.completed(turn.replay_id, Outcome(
             response=response, aborted=aborted, latency_ms=latency))
-        if turn.final and turn.session_key is not None:
-            self.pools.admission.release(turn.session_key)
-            return [Forget(turn.session_key)]
+        key = turn.session_key
+        if key is not None and (turn.final or (aborted and routed.fresh)):
+            # The session ended (its final request), or it never was (its first request went
+            # unanswered: the client hung up): nothing of it stays in this process.
+            self._table.forget(key)
+            return [Forget(key)] if turn.final else []
         return []
 
     # -- internals -------------------------------------------------------------------------
 
     def _claimed(self, turn: Turn) -> None:
         """Nothing of ``turn``'s answer is left to claim here."""
-        answers = self._unclaimed.get(turn.session_key or "")
-        if answers is not None:
-            answers.pop(turn.replay_id, None)
-            if not answers:
-                del self._unclaimed[turn.session_key or ""]
+        entry = self._table.get(turn.session_key)
+        if entry is not None and entry.unclaimed is not None:
+            entry.unclaimed.pop(turn.replay_id, None)
+            if not entry.unclaimed:
+                entry.unclaimed = None
 
     def _count(self, api: Api, decision: RoutingDecision) -> None:
         self.metrics.requests.labels(api.value, decision.decision).inc()

@@ -4,22 +4,26 @@ per-session figures (duration, turns, tool time between turns, switches, locked 
 A session has no reliable end on the wire (few harnesses send ``x-dynamo-session-final``), so
 its figures are observed when it ends one of three ways: its final request was answered, it has
 been idle for ``idle_seconds`` (checked as records land and on every ``/metrics`` scrape), or it
-is the oldest of ``max_sessions`` tracked (as many as the router remembers). Everything is
-O(1) per record, the table bounded.
+left the session table (its bound, its TTL). A session's figures are its slot on that table;
+everything is O(1) per record.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import math
+from collections import deque
 from dataclasses import dataclass
 
+from ..state.table import Entry, SessionTable
 from ..types import Clock
 from .metrics import Metrics
-from .replay import Record, SessionKey, session_key
+from .replay import Record, session_key
 
 
 @dataclass(slots=True)
-class _Session:
+class Figured:
+    """A session's figures as they are gathered: its slot on the session table."""
+
     started: float
     last: float
     """When the session last did anything: a request routed, or an answer ended."""
@@ -30,6 +34,8 @@ class _Session:
     switches: int = 0
     locked: int = 0
     final: bool = False
+    queued: float = -math.inf
+    """When it last joined the idle line (at most once per tenth of the idle time)."""
 
 
 class Figures:
@@ -41,70 +47,105 @@ class Figures:
         *,
         clock: Clock,
         idle_seconds: float,
-        max_sessions: int,
+        max_sessions: int = 100_000,
+        table: SessionTable | None = None,
     ) -> None:
+        """``table``: the process's session table, where each session's figures hang (its
+        assembler calls ``left`` when a session leaves it: its figures are observed then); a
+        table of its own, of ``max_sessions`` sessions, when none is given."""
         self._metrics = metrics
         self._clock = clock
         self._idle = idle_seconds
-        self._max = max_sessions
-        self._sessions: OrderedDict[SessionKey, _Session] = OrderedDict()
-        """Least recently active first."""
+        if table is None:
+            table = SessionTable(max_sessions=max_sessions, clock=clock)
+            table.leaving(self.left)
+        self._table = table
+        self._count = 0
+        self._idle_line: deque[tuple[float, str]] = deque()
+        """(when queued, session) in time order: popped once idle, a session active since
+        joins again; it joins at most once per tenth of the idle time."""
 
     def __len__(self) -> int:
-        return len(self._sessions)
+        return self._count
 
     def recorded(self, record: Record) -> None:
         for plugin, micros in ((record.get("timings_us") or {}).get("plugins") or {}).items():
             self._metrics.plugin_seconds.labels(plugin).observe(micros / 1e6)
-        key = session_key(record)
+        key = _key(record)
         if key is None:
             return
         now = record["time"]
-        session = self._sessions.get(key)
+        entry = self._table.touch(key)
+        session = entry.figured
         if session is None:
-            session = self._sessions[key] = _Session(now, now)
-        else:
-            self._sessions.move_to_end(key)
-            if session.called_tools and session.ended is not None:
-                self._metrics.session_tool_seconds.observe(max(0.0, now - session.ended))
+            session = entry.figured = Figured(now, now)
+            self._count += 1
+        elif session.called_tools and session.ended is not None:
+            self._metrics.session_tool_seconds.observe(max(0.0, now - session.ended))
         session.last = now
         session.ended = None
         session.turns += 1
         session.switches += record.get("action") == "switch"
         session.locked += record.get("lock") is not None
         session.final = bool((record.get("session") or {}).get("final"))
+        self._queue(key, session)
         self.sweep(now)
 
     def completed(self, record: Record) -> None:
         outcome = record.get("outcome") or {}
-        key = session_key(record)
+        key = _key(record)
         if "latency_ms" not in outcome or key is None:
             return
-        session = self._sessions.get(key)
-        if session is None or session.turns == 0:
+        entry = self._table.get(key)
+        session = None if entry is None else entry.figured
+        if entry is None or session is None or session.turns == 0:
             return
         end = record["time"] + outcome["latency_ms"] / 1000
         session.ended = max(end, session.ended or end)
         session.last = max(session.last, end)
         session.called_tools = bool(outcome.get("tool_calls"))
         if session.final:
-            self._close(key)
+            self._close(entry)
 
     def sweep(self, now: float | None = None) -> None:
-        """Observe and forget the sessions idle longer than ``idle_seconds`` (and the oldest
-        beyond ``max_sessions``)."""
+        """Observe and forget the sessions idle longer than ``idle_seconds``."""
         now = self._clock() if now is None else now
-        while self._sessions:
-            key, oldest = next(iter(self._sessions.items()))
-            if len(self._sessions) <= self._max and now - oldest.last <= self._idle:
-                return
-            self._close(key)
+        line = self._idle_line
+        while line and now - line[0][0] > self._idle:
+            queued, key = line.popleft()
+            entry = self._table.get(key)
+            session = None if entry is None else entry.figured
+            if entry is None or session is None or session.queued != queued:
+                continue  # gone, or in the line again later
+            if now - session.last > self._idle:
+                self._close(entry)
+            else:
+                session.queued = -math.inf
+                self._queue(key, session)
 
-    def _close(self, key: SessionKey) -> None:
-        session = self._sessions.pop(key)
+    def _queue(self, key: str, session: Figured) -> None:
+        if session.last - session.queued >= self._idle / 10:
+            session.queued = session.last
+            self._idle_line.append((session.last, key))
+
+    def left(self, key: str, entry: Entry) -> None:
+        """The session left the table: its figures are observed (a table's leaving hook)."""
+        self._close(entry)
+
+    def _close(self, entry: Entry) -> None:
+        session, entry.figured = entry.figured, None
+        if session is None:
+            return
+        self._count -= 1
         metrics = self._metrics
         end = session.ended if session.ended is not None else session.last
         metrics.session_duration.observe(max(0.0, end - session.started))
         metrics.session_turns.observe(session.turns)
         metrics.session_switches.observe(session.switches)
         metrics.session_locked_turns.observe(session.locked)
+
+
+def _key(record: Record) -> str | None:
+    """The session table's key of the record's session (``tenant/id``)."""
+    found = session_key(record)
+    return None if found is None else f"{found[0]}/{found[1]}"

@@ -18,17 +18,20 @@ new sessions are admitted oldest first, each to the worker with the most room
 
 from __future__ import annotations
 
-from collections import OrderedDict, defaultdict
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..config import Admission
+from ..state.table import Entry, SessionTable
 from ..types import Clock
 from .types import Worker
 
 
 @dataclass(slots=True)
-class _Program:
+class Program:
+    """An agent session as admission sees it: its slot on the session table."""
+
     key: str
     worker: str
     tokens: int
@@ -66,14 +69,20 @@ class AdmissionController:
         clock: Clock,
         idle_ttl_seconds: float = 3600.0,
         max_programs: int = 100_000,
+        table: SessionTable | None = None,
     ) -> None:
-        """Disabled, it keeps nothing; enabled, at most ``max_programs`` sessions (the least
-        recently seen are forgotten first), each for ``idle_ttl_seconds`` after its last turn."""
+        """Disabled, it keeps nothing; enabled, each session's program hangs on its entry of
+        ``table`` (the process's session table, whose assembler calls ``left`` when a session
+        leaves it) — or of a table of its own, of ``max_programs`` sessions living
+        ``idle_ttl_seconds`` after their last turn, when none is given."""
         self.config = config
         self._clock = clock
-        self._ttl = idle_ttl_seconds
-        self._max = max_programs
-        self._programs: OrderedDict[str, _Program] = OrderedDict()
+        if table is None:
+            table = SessionTable(max_sessions=max_programs, ttl_seconds=idle_ttl_seconds,
+                                 clock=clock)
+            table.leaving(self.left)
+        self._table = table
+        self._count = 0
         self._arrivals: dict[str, float] = {}
         """New sessions held, in arrival order (key -> when first held)."""
         self._capacity: dict[str, int] = {}
@@ -81,7 +90,22 @@ class AdmissionController:
         self._boundary: list[str] = []
         """Programs paused at their tool boundary since the last tick."""
         self._forgotten: list[str] = []
-        """Programs the bound pushed out since the last tick."""
+        """Programs that left with their session since the last tick."""
+
+    def _program(self, key: str | None) -> Program | None:
+        entry = self._table.get(key)
+        return None if entry is None else entry.program
+
+    def _programs(self) -> list[Program]:
+        return [e.program for _, e in self._table.oldest() if e.program is not None]
+
+    def left(self, key: str, entry: Entry) -> None:
+        """The session left the table: its program goes (a table's leaving hook)."""
+        if entry.program is not None:
+            entry.program = None
+            self._count -= 1
+            self._forgotten.append(key)
+        self._arrivals.pop(key, None)
 
     def turn_started(self, session_key: str | None, worker: str, prompt_tokens: int) -> None:
         """A turn was admitted to ``worker``: the program is REASONING and ACTIVE (admitting a
@@ -89,13 +113,13 @@ class AdmissionController:
         if session_key is None or not self.config.enabled:
             return
         self._arrivals.pop(session_key, None)
-        program = self._programs.get(session_key)
+        entry = self._table.touch(session_key)
+        program = entry.program
         tokens = prompt_tokens + self.config.buffer_tokens
         if program is None:
-            self._programs[session_key] = _Program(session_key, worker, tokens, True, self._clock())
-            self._bound()
+            entry.program = Program(session_key, worker, tokens, True, self._clock())
+            self._count += 1
             return
-        self._programs.move_to_end(session_key)
         program.worker, program.reasoning, program.last_seen = worker, True, self._clock()
         program.tokens = max(program.tokens, tokens) if program.started else tokens
         program.paused_at, program.resumed, program.started = None, False, True
@@ -110,11 +134,11 @@ class AdmissionController:
             return
         now = self._clock()
         tokens = prompt_tokens + completion_tokens + self.config.buffer_tokens
-        program = self._programs.setdefault(
-            session_key, _Program(session_key, worker, tokens, False, now)
-        )
-        self._programs.move_to_end(session_key)
-        self._bound()
+        entry = self._table.touch(session_key)
+        program = entry.program
+        if program is None:
+            program = entry.program = Program(session_key, worker, tokens, False, now)
+            self._count += 1
         program.worker, program.tokens, program.reasoning, program.last_seen = (
             worker, tokens, False, now
         )
@@ -122,14 +146,13 @@ class AdmissionController:
             program.pause_at_boundary, program.paused_at = False, now
             self._boundary.append(session_key)
 
-    def _bound(self) -> None:
-        while len(self._programs) > self._max:
-            self._forgotten.append(self._programs.popitem(last=False)[0])
-
     def release(self, session_key: str | None) -> None:
         """The session ended (``x-dynamo-session-final``): forget it."""
+        entry = self._table.get(session_key)
+        if entry is not None and entry.program is not None:
+            entry.program = None
+            self._count -= 1
         if session_key is not None:
-            self._programs.pop(session_key, None)
             self._arrivals.pop(session_key, None)
 
     def is_paused(self, session_key: str | None) -> bool:
@@ -138,7 +161,7 @@ class AdmissionController:
         room for it under ``admit_threshold``."""
         if session_key is None:
             return False
-        program = self._programs.get(session_key)
+        program = self._program(session_key)
         if program is not None:
             return program.paused_at is not None
         if session_key in self._arrivals:
@@ -157,14 +180,14 @@ class AdmissionController:
         there (demoted to host memory and prefetched back, with KV hints), and the prefix
         index may have forgotten it after a long pause: without this the load scorers move
         the turn to a worker that prefills its whole context again."""
-        program = None if session_key is None else self._programs.get(session_key)
+        program = self._program(session_key)
         if program is None:
             return None
         return program.target or (program.worker if program.resumed else None)
 
     def priority(self, session_key: str | None) -> float:
         """Seconds to move this session's next request up (+) or down (-) a wait queue."""
-        program = None if session_key is None else self._programs.get(session_key)
+        program = self._program(session_key)
         if program is None:
             return 0.0
         if program.resumed:
@@ -176,14 +199,14 @@ class AdmissionController:
         capacity = self._capacity.get(worker_address)
         if not capacity:
             return 0.0
-        active = (p for p in self._programs.values() if p.worker == worker_address)
+        active = (p for p in self._programs() if p.worker == worker_address)
         return sum(self._weight(p) for p in active if p.paused_at is None) / capacity
 
     def _has_room_for_new(self) -> bool:
         """Nothing is paused and some worker of known capacity (or none known yet) fits a new
         session under ``admit_threshold``: sessions grow, so the line leaves them room to."""
         used: dict[str, float] = dict.fromkeys(self._capacity, 0.0)
-        for program in self._programs.values():
+        for program in self._programs():
             if program.paused_at is not None:
                 return False
             if program.worker in used:
@@ -194,13 +217,13 @@ class AdmissionController:
 
     def paused_count(self) -> int:
         """Sessions waiting: paused programs and held new sessions."""
-        return sum(p.paused_at is not None for p in self._programs.values()) + len(self._arrivals)
+        return sum(p.paused_at is not None for p in self._programs()) + len(self._arrivals)
 
     def __len__(self) -> int:
-        return len(self._programs)
+        return self._count
 
     def __contains__(self, session_key: object) -> bool:
-        return session_key in self._programs
+        return isinstance(session_key, str) and self._program(session_key) is not None
 
     def tick(self, workers: Sequence[Worker]) -> AdmissionTick:
         """One control step over ``workers`` (every ``tick_seconds``, for one pool or all); a
@@ -208,14 +231,15 @@ class AdmissionController:
         if not self.config.enabled:
             return AdmissionTick()
         now = self._clock()
-        forgotten = [*self._forgotten, *self._drop_idle(now)]
-        self._forgotten = []
-        by_worker: dict[str, list[_Program]] = defaultdict(list)
-        for program in self._programs.values():
+        self._table.expire()
+        lapsed = self._lapsed(now)
+        forgotten, self._forgotten = [*self._forgotten, *lapsed], []
+        by_worker: dict[str, list[Program]] = defaultdict(list)
+        for program in self._programs():
             by_worker[program.worker].append(program)
-        paused: list[_Program] = []
-        resumed: list[_Program] = []
-        waiting: list[_Program] = []
+        paused: list[Program] = []
+        resumed: list[Program] = []
+        waiting: list[Program] = []
         room: dict[str, float] = {}
         """Tokens each worker with room can take before the resume line."""
         limit = self.config.pause_threshold - self.config.hysteresis
@@ -244,19 +268,19 @@ class AdmissionController:
             line = {w: r - below * self._capacity[w] for w, r in room.items()}
             resumed += self._admit_arrivals(line, now)
         boundary, self._boundary = self._boundary, []
-        still = [k for k in boundary if k in self._programs and self.is_paused(k)]
+        still = [k for k in boundary if k in self and self.is_paused(k)]
         return AdmissionTick((*still, *(p.key for p in paused)), tuple(p.key for p in resumed),
                              tuple(forgotten))
 
     def _pause(
-        self, programs: list[_Program], used: float, capacity: int, now: float
-    ) -> list[_Program]:
+        self, programs: list[Program], used: float, capacity: int, now: float
+    ) -> list[Program]:
         """Smallest ACTING first until U <= resume_target (never one just resumed, which would
         starve it); if REASONING programs alone keep U above that, the smallest of them is
         paused at its tool boundary."""
         target = self.config.resume_target * capacity
         acting = (p for p in programs if not p.reasoning and p.paused_at is None and not p.resumed)
-        paused: list[_Program] = []
+        paused: list[Program] = []
         for program in sorted(acting, key=_size):
             if used <= target:
                 return paused
@@ -268,11 +292,11 @@ class AdmissionController:
             min(reasoning, key=_size).pause_at_boundary = True
         return paused
 
-    def _resume(self, waiting: list[_Program], room: dict[str, float]) -> list[_Program]:
+    def _resume(self, waiting: list[Program], room: dict[str, float]) -> list[Program]:
         """Programs paused before this tick, smallest first (bin packing), while each fits on
         its own worker under the resume line (moving one elsewhere measured no better: its next
         turn re-prefills there whatever its own worker still holds)."""
-        resumed: list[_Program] = []
+        resumed: list[Program] = []
         for program in sorted(waiting, key=_size):
             weight = self._weight(program)
             if room.get(program.worker, -1.0) >= weight:
@@ -280,11 +304,11 @@ class AdmissionController:
                 resumed.append(self._wake(program))
         return resumed
 
-    def _admit_arrivals(self, room: dict[str, float], now: float) -> list[_Program]:
+    def _admit_arrivals(self, room: dict[str, float], now: float) -> list[Program]:
         """Held new sessions in arrival order, each on the worker with the most ``room`` (under
         the admit line) while its estimated size fits there (after ``forced_resume_seconds``,
         whatever the room)."""
-        admitted: list[_Program] = []
+        admitted: list[Program] = []
         estimate = self.config.new_session_tokens + self.config.buffer_tokens
         for key, held_at in list(self._arrivals.items()):
             best = max(room, key=room.__getitem__, default=None)
@@ -293,30 +317,35 @@ class AdmissionController:
                 break
             room[best] -= estimate
             del self._arrivals[key]
-            program = _Program(key, best, estimate, False, now, resumed=True, target=best,
-                               started=False)
-            self._programs[key] = program
+            program = Program(key, best, estimate, False, now, resumed=True, target=best,
+                              started=False)
+            entry = self._table.touch(key)
+            self._count += entry.program is None
+            entry.program = program
             admitted.append(program)
         return admitted
 
-    def _force_resume(self, programs: list[_Program], now: float) -> list[_Program]:
+    def _force_resume(self, programs: list[Program], now: float) -> list[Program]:
         """Programs paused for ``forced_resume_seconds`` resume whatever U is: none starves."""
         cap = self.config.forced_resume_seconds
         return [self._wake(p) for p in programs
                 if p.paused_at is not None and now - p.paused_at >= cap]
 
-    def _drop_idle(self, now: float) -> list[str]:
-        """Forget programs idle for the TTL, and admissions whose first turn never came within
-        ``hold_timeout_seconds`` (the client gave up); returns their keys."""
+    def _lapsed(self, now: float) -> list[str]:
+        """Admissions whose first turn never came within ``hold_timeout_seconds`` (the client
+        gave up) are dropped; their keys. (Idle sessions leave with the table's TTL.)"""
         lapse = self.config.hold_timeout_seconds
-        idle = [k for k, p in self._programs.items()
-                if now - p.last_seen > (self._ttl if p.started else lapse)]
-        for key in idle:
-            del self._programs[key]
-        return idle
+        gone = []
+        for key, entry in self._table.items():
+            program = entry.program
+            if program is not None and not program.started and now - program.last_seen > lapse:
+                entry.program = None
+                self._count -= 1
+                gone.append(key)
+        return gone
 
     @staticmethod
-    def _wake(program: _Program) -> _Program:
+    def _wake(program: Program) -> Program:
         program.paused_at, program.resumed = None, True
         return program
 
@@ -329,9 +358,9 @@ class AdmissionController:
             return device
         return device + int(self.config.host_weight * worker.cpu_blocks * worker.block_size)
 
-    def _weight(self, program: _Program) -> float:
+    def _weight(self, program: Program) -> float:
         return program.tokens * (1.0 if program.reasoning else self.config.acting_weight)
 
 
-def _size(program: _Program) -> int:
+def _size(program: Program) -> int:
     return program.tokens

@@ -15,20 +15,20 @@ context, from its start, they concern.
 * ``release``: the session ended: its own blocks can go first, on every worker it used.
 
 ``KvHintEmitter`` is sans-IO: decisions in, hints out; the caller delivers them (the service in
-batches over HTTP, ``encode_hints``; the cluster simulator straight to its engines). It remembers
-at most ``max_sessions`` sessions, each for ``ttl_seconds`` after it was last routed.
+batches over HTTP, ``encode_hints``; the cluster simulator straight to its engines). What it
+knows of a session is that session's slot on the session table: it lives as long as the session.
 """
 
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 import orjson
 
+from ..state.table import Entry, SessionTable
 from .admission import AdmissionTick
 
 HintKind = Literal["share", "prefetch", "demote", "release"]
@@ -50,7 +50,9 @@ class KvHint:
 
 
 @dataclass(slots=True)
-class _Session:
+class Hinted:
+    """What the emitter knows of a session: its slot on the session table."""
+
     name: str
     worker: str
     seen: float
@@ -66,19 +68,20 @@ class KvHintEmitter:
     worker. Sessions are keyed as admission keys them; hints carry each session's ``name``."""
 
     def __init__(self, *, min_share_tokens: int = 1024, max_sessions: int = 100_000,
-                 ttl_seconds: float = 3600.0,
+                 ttl_seconds: float = 3600.0, table: SessionTable | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        if max_sessions < 1 or ttl_seconds <= 0:
-            raise ValueError("max_sessions and ttl_seconds must be positive")
+        """``table``: the process's session table, whose assembler calls ``left`` when a
+        session leaves it (``ended`` first, for its releases); without one, a table of its
+        own, of ``max_sessions`` sessions living ``ttl_seconds``, forgets them silently."""
         self.min_share_tokens = min_share_tokens
-        self._max = max_sessions
-        self._ttl = ttl_seconds
-        self._clock = clock
-        self._sessions: OrderedDict[str, _Session] = OrderedDict()
-        """Live sessions, least recently routed first."""
+        self._count = 0
+        if table is None:
+            table = SessionTable(max_sessions=max_sessions, ttl_seconds=ttl_seconds, clock=clock)
+            table.leaving(self.left)
+        self._table = table
 
     def __len__(self) -> int:
-        return len(self._sessions)
+        return self._count
 
     def routed(self, session: str | None, worker: str, *, matched_tokens: int,
                prompt_tokens: int, parent: str | None = None,
@@ -89,18 +92,15 @@ class KvHintEmitter:
         match is context other sessions put on the worker: ``share`` it."""
         if session is None:
             return []
-        now = self._clock()
-        self._expire(now)
-        state = self._sessions.pop(session, None)
+        entry = self._table.touch(session)
+        state = entry.hinted
         if state is None:
-            state = _Session(name or session, worker, now,
-                             inherited=prompt_tokens if parent is not None else 0)
-        self._sessions[session] = state
-        state.worker, state.seen, state.demoted = worker, now, False
+            state = entry.hinted = Hinted(name or session, worker, entry.seen,
+                                          inherited=prompt_tokens if parent is not None else 0)
+            self._count += 1
+        state.worker, state.seen, state.demoted = worker, entry.seen, False
         first = worker not in state.used
         state.used.add(worker)
-        while len(self._sessions) > self._max:
-            self._sessions.popitem(last=False)
         if first and matched_tokens >= self.min_share_tokens:
             return [KvHint("share", state.name, worker, matched_tokens)]
         return []
@@ -115,7 +115,7 @@ class KvHintEmitter:
         forgot."""
         hints = [h for key in tick.paused for h in self._demote(key)]
         for key in tick.resumed:
-            state = self._sessions.get(key)
+            state = self._state(key)
             if state is not None:
                 state.demoted = False
                 hints.append(KvHint("prefetch", state.name, state.worker))
@@ -124,26 +124,30 @@ class KvHintEmitter:
     def ended(self, session: str | None) -> list[KvHint]:
         """The session is over: ``release`` on every worker it used (a sub-agent keeps the
         prompt it started from), then forget it."""
-        state = None if session is None else self._sessions.pop(session, None)
-        if state is None:
+        entry = self._table.get(session)
+        state = None if entry is None else entry.hinted
+        if entry is None or state is None:
             return []
+        entry.hinted = None
+        self._count -= 1
         return [KvHint("release", state.name, w, state.inherited) for w in sorted(state.used)]
 
+    def _state(self, session: str | None) -> Hinted | None:
+        entry = self._table.get(session)
+        return None if entry is None else entry.hinted
+
+    def left(self, key: str, entry: Entry) -> None:
+        """The session left the table: keep nothing of it (a table's leaving hook)."""
+        if entry.hinted is not None:
+            entry.hinted = None
+            self._count -= 1
+
     def _demote(self, session: str | None) -> list[KvHint]:
-        state = None if session is None else self._sessions.get(session)
+        state = self._state(session)
         if state is None or state.demoted:
             return []
         state.demoted = True
         return [KvHint("demote", state.name, state.worker)]
-
-    def _expire(self, now: float) -> None:
-        horizon = now - self._ttl
-        while self._sessions:
-            state = next(iter(self._sessions.values()))
-            if state.seen > horizon:
-                return
-            self._sessions.popitem(last=False)
-
 
 # -- the wire form ---------------------------------------------------------------------------
 

@@ -8,20 +8,23 @@ digest of the reused bytes) and hashes only the blocks after the longest prefix 
 The result is exactly what hashing from scratch gives (``prompt_blocks``): a mark matches only
 when the bytes before it are the same, and chained hashes of the same bytes are the same.
 
-It is a cache of this process (each replica warms its own) bounded by the blocks it holds and
-by its entries (as many as the sessions the router remembers), the least recently used first out.
+It is a cache of this process (each replica warms its own): each session's memos hang on its
+entry of the session table (they leave with it), and the blocks held over all sessions are
+bounded, the least recently active sessions' memos first out.
 """
 
 from __future__ import annotations
 
+import time
 from array import array
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import xxhash
 
 from ..apis import chain_hashes
+from ..state.table import Entry, SessionTable
+from ..types import Clock
 
 MARK_EVERY = 512
 """Blocks between two digests of the prefix: how far back a prompt whose tail changed (an edit,
@@ -31,7 +34,7 @@ _xxh3 = xxhash.xxh3_64_intdigest
 
 
 @dataclass(slots=True)
-class _Memo:
+class Memo:
     hashes: array[int]
     marks: tuple[tuple[int, int], ...]
     """(blocks, digest of the bytes those blocks cover), ascending (tuples: the garbage
@@ -40,17 +43,25 @@ class _Memo:
 
 class BlockMemo:
     def __init__(self, block_bytes: int, max_blocks: int = 4_000_000,
-                 max_entries: int = 100_000) -> None:
+                 max_entries: int = 100_000, *, table: SessionTable | None = None,
+                 clock: Clock = time.monotonic) -> None:
+        """``table``: the process's session table, where each session's memos hang (its
+        assembler calls ``left`` when a session leaves it); a table of its own, of
+        ``max_entries`` sessions, when none is given."""
         if block_bytes < 1 or max_blocks < 1 or max_entries < 1:
             raise ValueError("block_bytes, max_blocks and max_entries must be positive")
         self.block = block_bytes
         self._max = max_blocks
-        self._max_entries = max_entries
         self._held = 0
-        self._memos: OrderedDict[tuple[str, str], _Memo] = OrderedDict()
+        self._count = 0
+        if table is None:
+            table = SessionTable(max_sessions=max_entries, clock=clock)
+            table.leaving(self.left)
+        self._table = table
 
     def __len__(self) -> int:
-        return len(self._memos)
+        """Memos kept: one per session and model."""
+        return self._count
 
     @property
     def held(self) -> int:
@@ -64,23 +75,44 @@ class BlockMemo:
         total = len(data) // self.block
         if session is None:
             return _hash(data, self.block, model, 0, array("Q")), 0
-        key = (session, model)
-        memo = self._memos.pop(key, None)
+        entry = self._table.touch(session)
+        memos = entry.memos if entry.memos is not None else {}
+        memo = memos.pop(model, None)
         marks, reused = self._marks(data, total, memo)
         base = array("Q") if memo is None else memo.hashes[:reused]
         hashes = _hash(data, self.block, model, reused, base)
         if memo is not None:
             self._held -= len(memo.hashes)
-        self._memos[key] = _Memo(hashes, tuple(marks))
+            self._count -= 1
+        memos[model] = Memo(hashes, tuple(marks))
+        entry.memos = memos
         self._held += len(hashes)
-        while len(self._memos) > 1 and (
-                self._held > self._max or len(self._memos) > self._max_entries):
-            _, dropped = self._memos.popitem(last=False)
-            self._held -= len(dropped.hashes)
+        self._count += 1
+        if self._held > self._max:
+            self._shed(session)
         return hashes, reused
 
+    def _shed(self, keep: str) -> None:
+        """Over the bound of blocks: the least recently active sessions' memos go first (never
+        the one just made)."""
+        for key, entry in self._table.oldest():
+            if self._held <= self._max:
+                return
+            if key != keep and entry.memos:
+                self._drop(entry)
+
+    def left(self, key: str, entry: Entry) -> None:
+        """The session left the table: keep nothing of it (a table's leaving hook)."""
+        self._drop(entry)
+
+    def _drop(self, entry: Entry) -> None:
+        memos, entry.memos = entry.memos, None
+        for memo in (memos or {}).values():
+            self._held -= len(memo.hashes)
+            self._count -= 1
+
     def _marks(
-        self, data: bytes, total: int, memo: _Memo | None
+        self, data: bytes, total: int, memo: Memo | None
     ) -> tuple[list[tuple[int, int]], int]:
         """Digests of ``data``'s prefix every ``MARK_EVERY`` blocks, at the previous prompt's
         end and at this one's, in one pass; and the blocks up to the last mark where they equal

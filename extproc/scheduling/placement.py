@@ -14,7 +14,6 @@ session's own blocks from the prefix it shares with others.
 
 from __future__ import annotations
 
-import random
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -23,18 +22,19 @@ from typing import TYPE_CHECKING
 from ..apis import render_prompt
 from ..config import Config
 from ..errors import ModelUnavailable, RateLimited
-from ..types import Clock, RequestSummary, SessionIdentity
+from ..state.table import Entry, SessionTable
+from ..types import RequestSummary, SessionIdentity
 from . import (
     AdmissionController,
     AdmissionTick,
     ApproximatePrefixIndex,
+    Scheduler,
     ScheduleResult,
     SchedulingRequest,
     Worker,
     WorkerRegistry,
-    from_config,
 )
-from .kv_events import PreciseKVIndex, TierWeights
+from .kv_events import PreciseKVIndex
 from .kv_hints import KvHint, KvHintEmitter
 from .memo import BlockMemo
 from .session_prefix import SessionPrefixIndex
@@ -84,59 +84,58 @@ class Placement:
 
 
 class Pools:
-    def __init__(self, config: Config, *, clock: Clock, rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        registry: WorkerRegistry,
+        index: ApproximatePrefixIndex | PreciseKVIndex,
+        memo: BlockMemo,
+        admission: AdmissionController,
+        scheduler: Scheduler,
+        table: SessionTable,
+        tokenizer: Tokenizer | None = None,
+        shared_pool: SharedKVPool | None = None,
+        hints: KvHintEmitter | None = None,
+        sessions: SessionPrefixIndex | None = None,
+    ) -> None:
+        """The parts come from ``extproc.assembly``; every per-session slot hangs on
+        ``table``, whose leaving sessions this object lets go of (``left``)."""
         scheduling = config.scheduling
         self.enabled = scheduling.enabled
-        self.registry = WorkerRegistry(
-            config.models, clock=clock, staleness_seconds=scheduling.staleness_seconds
-        )
-        prefix = scheduling.prefix
-        self.tokenizer: Tokenizer | None = None
-        self.index: ApproximatePrefixIndex | PreciseKVIndex
-        if prefix.mode == "precise":
-            assert prefix.tokenizer is not None  # config validation guarantees it
-            from .tokenizer import Tokenizer  # the tokenizers library only when precise
-
-            self.tokenizer = Tokenizer(prefix.tokenizer)
-            weights = prefix.tier_weights
-            self.index = PreciseKVIndex(block_size=PRECISE_BLOCK_SIZE, weights=TierWeights(
-                weights.device, weights.cpu, weights.disk, weights.shared))
-            self.tokens_per_block = PRECISE_BLOCK_SIZE
-        else:
-            self.index = ApproximatePrefixIndex.from_config(prefix)
-            self.tokens_per_block = max(1, prefix.chars_per_block // 4)
-        self._chars_per_block = prefix.chars_per_block
-        self.memo = BlockMemo(prefix.chars_per_block, max_entries=config.memory.max_sessions)
-        self.admission = AdmissionController(
-            scheduling.admission, clock=clock, max_programs=config.memory.max_sessions
-        )
-        self.scheduler = from_config(
-            scheduling, index=self.index, rng=rng or random.Random(),
-            max_sessions=config.memory.max_sessions, prefer=self.admission.preferred_worker,
-        )
-        self.shared_pool: SharedKVPool | None = None
-        if isinstance(self.index, PreciseKVIndex) and prefix.shared_pool.endpoint:
-            self.shared_pool = SharedKVPool(
-                self.index, objects_per_block=prefix.shared_pool.objects_per_block)
-        hints = scheduling.hints
-        self.hints: KvHintEmitter | None = None
-        self.sessions: SessionPrefixIndex | None = None
-        self.hints_out: deque[KvHint] = deque(maxlen=hints.max_pending)
+        self.registry = registry
+        self.index = index
+        self.tokenizer = tokenizer
+        self.tokens_per_block = (PRECISE_BLOCK_SIZE if tokenizer is not None
+                                 else max(1, scheduling.prefix.chars_per_block // 4))
+        self.memo = memo
+        self.admission = admission
+        self.scheduler = scheduler
+        self.shared_pool = shared_pool
+        self.hints = hints
+        self.sessions = sessions
+        self.table = table
+        self.hints_out: deque[KvHint] = deque(maxlen=scheduling.hints.max_pending)
         """Hints made and not yet delivered, oldest first (the oldest dropped past the bound,
         counted in ``hints_dropped``)."""
         self.hints_dropped = 0
-        if hints.enabled:
-            self.hints = KvHintEmitter(
-                min_share_tokens=hints.min_share_tokens, clock=clock,
-                max_sessions=config.memory.max_sessions,
-                ttl_seconds=config.memory.session_ttl_seconds)
-            self.sessions = SessionPrefixIndex(max_sessions=config.memory.max_sessions)
-            if isinstance(self.index, PreciseKVIndex):
-                self.index.listeners.append(self.sessions.located)
         self._models = tuple(config.models)
         self.required = scheduling.pool_name is not None
         """An endpoint picker always sends a pick (the Endpoint Picker Protocol), also from a
         pool of one; no eligible worker is a 503 there, never a request left to the proxy."""
+
+    def left(self, key: str, entry: Entry) -> None:
+        """A session left the session table (idle, the bound, its end): its KV is released on
+        the workers it used, then every scheduling slot of it goes."""
+        if self.hints is not None and self.sessions is not None:
+            self._ended(key)
+            self.sessions.left(key, entry)
+            self.hints.left(key, entry)
+        self.memo.left(key, entry)
+        self.admission.left(key, entry)
+        active = self.scheduler.active_sessions
+        if active is not None:
+            active.left(key, entry)
 
     def blocks(self, prompt: Prompt, model: str) -> Sequence[int]:
         return self._hashed(prompt, model)[0]

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..state.table import SessionTable
 from .affinity import SessionAffinityScorer
 from .scorers import KvUtilizationScorer, PrefixScorer, QueueScorer
 from .sessions import ActiveSessionsScorer
@@ -29,6 +30,8 @@ class Context:
     index: PrefixIndex
     clock: Callable[[], float]
     max_sessions: int
+    table: SessionTable | None = None
+    """The session table scorers with per-session slots hang them on."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +44,8 @@ class ScorerPlugin:
 
 def _active_sessions(context: Context) -> Scorer:
     return ActiveSessionsScorer(idle_seconds=context.config.session_idle_seconds,
-                                clock=context.clock, max_sessions=context.max_sessions)
+                                table=context.table, clock=context.clock,
+                                max_sessions=context.max_sessions)
 
 
 SCORERS: dict[str, ScorerPlugin] = {plugin.name: plugin for plugin in (

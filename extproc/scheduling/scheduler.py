@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from ..config import Scheduling
+from ..state.table import SessionTable
 from .cost import DynamoCost
 from .filters import HealthyFilter, SubsetFilter
 from .picker import MaxScorePicker
@@ -66,6 +67,9 @@ class Scheduler:
         self._timer = timer
         self._prefer = prefer
         self._placed = placed
+        self.active_sessions = next(
+            (s for s, _ in self.scorers if isinstance(s, ActiveSessionsScorer)), None)
+        """The active-sessions scorer when it is used (its slots hang on the session table)."""
 
     def schedule(self, request: SchedulingRequest, workers: Sequence[Worker]) -> ScheduleResult:
         run = _Run(self._timer)
@@ -155,14 +159,16 @@ def from_config(
     timer: Callable[[], float] = time.perf_counter,
     clock: Callable[[], float] = time.monotonic,
     prefer: Callable[[str | None], str | None] | None = None,
+    table: SessionTable | None = None,
 ) -> Scheduler:
     """The scheduler ``config`` describes: the subset and healthy filters, the named scorers (the
     plugin registry's) with their weights (zero-weight ones left out; none in the Dynamo cost
     form), a seeded max-score
     picker. ``clock`` ages the active-sessions scorer's placements (a simulator's virtual
-    time); ``prefer`` is admission's ``preferred_worker``."""
+    time); ``prefer`` is admission's ``preferred_worker``; ``table`` the session table the
+    active-sessions scorer's slots hang on (one of its own without it)."""
     dynamo = config.cost_form == "dynamo"
-    context = Context(config, index, clock, max_sessions)
+    context = Context(config, index, clock, max_sessions, table)
     scorers: list[tuple[Scorer, float]] = [] if dynamo else [
         (SCORERS[name].make(context), weight) for name, weight in config.scorers.items() if weight]
     sessions = next((s for s, _ in scorers if isinstance(s, ActiveSessionsScorer)), None)

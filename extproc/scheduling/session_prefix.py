@@ -12,18 +12,18 @@ worker's device) and, in precise mode, the workers' KV events where blocks reall
 host memory, evicted); admission says which sessions are paused, a session's end or a long idle
 finishes it.
 
-Bounded: at most ``max_blocks`` blocks over all branches (least recently placed sessions
-first out) and ``max_sessions`` sessions remembered, finished ones forgotten first.
+Bounded: at most ``max_blocks`` blocks over all branches (the least recently active sessions'
+branches close first); a branch is its session's slot on the session table and leaves with it.
 """
 
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ..state.table import Entry, SessionTable
 from .kv_events import DEVICE
 
 SessionState = Literal["live", "paused", "finished"]
@@ -38,7 +38,9 @@ class _Node:
 
 
 @dataclass(slots=True)
-class _Branch:
+class Branch:
+    """A session's path: its slot on the session table."""
+
     blocks: Sequence[int]
     parent: str | None
     state: SessionState = "live"
@@ -46,17 +48,22 @@ class _Branch:
 
 class SessionPrefixIndex:
     def __init__(self, *, max_sessions: int = 100_000, max_blocks: int = 4_000_000,
+                 table: SessionTable | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
+        """``table``: the process's session table, where each session's branch hangs (its
+        assembler calls ``left`` when a session leaves it); a table of its own, of
+        ``max_sessions`` sessions, when none is given."""
         if max_sessions < 1 or max_blocks < 1:
             raise ValueError("max_sessions and max_blocks must be positive")
-        self._max_sessions = max_sessions
         self._max_blocks = max_blocks
-        self._clock = clock
         self._nodes: dict[int, _Node] = {}
-        self._branches: OrderedDict[str, _Branch] = OrderedDict()
-        """Sessions, least recently placed first."""
+        self._count = 0
         self._held = 0
         """Blocks over all open branches."""
+        if table is None:
+            table = SessionTable(max_sessions=max_sessions, clock=clock)
+            table.leaving(self.left)
+        self._table = table
 
     # -- kept current -------------------------------------------------------------------------
 
@@ -64,17 +71,18 @@ class SessionPrefixIndex:
                parent: str | None = None) -> None:
         """``session`` (a sub-agent of ``parent``) sent ``blocks``, its context, to ``worker``:
         its branch now ends there, and the worker's device holds them."""
-        branch = self._branches.pop(session, None)
+        entry = self._table.touch(session)
+        branch = entry.branch
         if branch is None:
-            branch = _Branch((), parent)
+            branch = entry.branch = Branch((), parent)
+            self._count += 1
         elif branch.state == "finished":  # a session id used again
             branch.state, branch.blocks = "live", ()
-        self._branches[session] = branch
         self._move(branch.blocks, blocks)
         branch.blocks = blocks
         for block in blocks:
             self._nodes[block].where[worker] = DEVICE
-        self._bound()
+        self._bound(session)
 
     def located(self, worker: str, tier: str, blocks: Sequence[int], stored: bool) -> None:
         """A worker's KV events: ``blocks`` (the index's hashes) were stored in ``tier`` or
@@ -96,34 +104,43 @@ class SessionPrefixIndex:
         self._set(session, "live")
 
     def finished(self, session: str) -> None:
-        """The session ended: its branch no longer holds its blocks (its state is kept)."""
-        branch = self._branches.get(session)
+        """The session ended: its branch no longer holds its blocks (its state is kept while
+        the session is on the table)."""
+        branch = self._branch(session)
         if branch is not None:
             self._close(branch)
-            self._bound()
+
+    def left(self, key: str, entry: Entry) -> None:
+        """The session left the table: its branch goes (a table's leaving hook)."""
+        branch, entry.branch = entry.branch, None
+        if branch is not None:
+            self._close(branch)
+            self._count -= 1
 
     # -- queries ------------------------------------------------------------------------------
 
     def state(self, session: str) -> SessionState | None:
-        branch = self._branches.get(session)
+        branch = self._branch(session)
         return None if branch is None else branch.state
 
     def sessions(self, state: SessionState | None = None) -> list[str]:
-        return [k for k, b in self._branches.items() if state is None or b.state == state]
+        """The sessions with a branch, least recently active first."""
+        return [k for k, e in self._table.oldest()
+                if e.branch is not None and (state is None or e.branch.state == state)]
 
     def lineage(self, session: str) -> list[str]:
         """The session's ancestors, its parent first."""
         chain: list[str] = []
-        branch = self._branches.get(session)
+        branch = self._branch(session)
         while branch is not None and branch.parent is not None and branch.parent not in chain:
             chain.append(branch.parent)
-            branch = self._branches.get(branch.parent)
+            branch = self._branch(branch.parent)
         return chain
 
     def shared(self, session: str) -> int:
         """Leading blocks of the session's context that another open session's context also
         runs through (a prefix: past the first block it alone has, nothing is shared)."""
-        branch = self._branches.get(session)
+        branch = self._branch(session)
         if branch is None:
             return 0
         mine = 0 if branch.state == "finished" else 1
@@ -137,7 +154,7 @@ class SessionPrefixIndex:
 
     def unique(self, session: str) -> Sequence[int]:
         """The session's own tail: its blocks past the shared prefix."""
-        branch = self._branches.get(session)
+        branch = self._branch(session)
         return () if branch is None else branch.blocks[self.shared(session):]
 
     def where(self, block: int) -> dict[str, str]:
@@ -146,7 +163,7 @@ class SessionPrefixIndex:
         return {} if node is None else dict(node.where)
 
     def __len__(self) -> int:
-        return len(self._branches)
+        return self._count
 
     @property
     def blocks(self) -> int:
@@ -155,12 +172,16 @@ class SessionPrefixIndex:
 
     # -- internals ----------------------------------------------------------------------------
 
+    def _branch(self, session: str | None) -> Branch | None:
+        entry = self._table.get(session)
+        return None if entry is None else entry.branch
+
     def _set(self, session: str, state: SessionState) -> None:
-        branch = self._branches.get(session)
+        branch = self._branch(session)
         if branch is not None and branch.state != "finished":
             branch.state = state
 
-    def _close(self, branch: _Branch) -> None:
+    def _close(self, branch: Branch) -> None:
         if branch.state != "finished":
             self._move(branch.blocks, ())
             branch.state = "finished"
@@ -178,14 +199,11 @@ class SessionPrefixIndex:
             nodes.setdefault(block, _Node()).open += 1
         self._held += len(new) - len(old)
 
-    def _bound(self) -> None:
-        open_branches = (b for b in self._branches.values() if b.state != "finished")
-        while self._held > self._max_blocks:
-            oldest = next(open_branches, None)
-            if oldest is None:
-                break
-            self._close(oldest)
-        while len(self._branches) > self._max_sessions:
-            key = next((k for k, b in self._branches.items() if b.state == "finished"),
-                       next(iter(self._branches)))
-            self._close(self._branches.pop(key))
+    def _bound(self, keep: str) -> None:
+        """Over the bound of blocks: the least recently active open branches close first
+        (never the one just placed)."""
+        for key, entry in self._table.oldest():
+            if self._held <= self._max_blocks:
+                return
+            if key != keep and entry.branch is not None and entry.branch.state != "finished":
+                self._close(entry.branch)

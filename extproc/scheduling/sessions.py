@@ -10,30 +10,39 @@ everywhere, its placement is the prefix and affinity scorers' call (its cache is
 a sub-agent whose parent is placed: it starts from the parent's context, so spreading it away
 from the parent's worker re-prefills that context elsewhere (the scheduler binds its first turn
 to the parent's worker, ``worker``).
+
+A placement is the session's slot on the session table; it counts while the session was routed
+in the last ``idle_seconds`` (a line of placements in time order lets them lapse in O(1)).
 """
 
 from __future__ import annotations
 
+import math
 import time
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ..state.table import Entry, SessionTable
 from .types import SchedulingRequest, Worker
 
 
 @dataclass(slots=True)
-class _Placement:
+class Placed:
+    """Where a session was last placed, with the prompt tokens of that turn."""
+
     worker: str
     tokens: int
     seen: float
+    queued: float = -math.inf
+    """When it last joined the lapse line (at most once per tenth of the idle time)."""
 
 
 class ActiveSessionsScorer:
     """``(max - x) / (max - min)`` over the candidates, ``x`` the prompt tokens of the latest
     turn of each live session placed on the worker (what its KV will hold when the sessions
     come back from their tools); equal loads all score 1. A session is live until it has not
-    been routed for ``idle_seconds``; at most ``max_sessions`` are remembered."""
+    been routed for ``idle_seconds``."""
 
     name = "active_sessions"
 
@@ -41,19 +50,31 @@ class ActiveSessionsScorer:
         self,
         *,
         idle_seconds: float = 120.0,
+        table: SessionTable | None = None,
         clock: Callable[[], float] = time.monotonic,
         max_sessions: int = 100_000,
     ) -> None:
-        if idle_seconds <= 0 or max_sessions < 1:
-            raise ValueError("idle_seconds and max_sessions must be positive")
+        """``table``: the process's session table (its assembler calls ``left`` when a
+        session leaves it); a table of its own, of ``max_sessions`` on ``clock``, when none
+        is given."""
+        if idle_seconds <= 0:
+            raise ValueError("idle_seconds must be positive")
         self._idle = idle_seconds
-        self._clock = clock
-        self._max = max_sessions
-        self._sessions: OrderedDict[str, _Placement] = OrderedDict()
+        if table is None:
+            table = SessionTable(max_sessions=max_sessions, clock=clock)
+            table.leaving(self.left)
+        self._table = table
+        self._clock = table.clock
+        self._lapse: deque[tuple[float, str]] = deque()
+        """(when queued, session) in time order: popped once idle, a session placed since
+        joins again; it joins at most once per tenth of the idle time."""
         self._load: dict[str, int] = {}
+        self._live = 0
 
     def __len__(self) -> int:
-        return len(self._sessions)
+        """Live sessions placed."""
+        self._expire()
+        return self._live
 
     def load(self, worker: str) -> int:
         """Tokens of the live sessions placed on ``worker``."""
@@ -63,7 +84,7 @@ class ActiveSessionsScorer:
     def score(self, request: SchedulingRequest, workers: Sequence[Worker]) -> dict[str, float]:
         self._expire()
         for key in (request.session_key, request.parent_session):
-            placed = None if key is None else self._sessions.get(key)
+            placed = self._placed(key)
             if placed is not None and any(w.address == placed.worker for w in workers):
                 return {w.address: 1.0 for w in workers}
         loads = {w.address: self._load.get(w.address, 0) for w in workers}
@@ -77,33 +98,56 @@ class ActiveSessionsScorer:
     def worker(self, session_key: str | None) -> str | None:
         """Where the live session ``session_key`` was last placed."""
         self._expire()
-        placed = None if session_key is None else self._sessions.get(session_key)
+        placed = self._placed(session_key)
         return None if placed is None else placed.worker
 
     def picked(self, request: SchedulingRequest, address: str) -> None:
         key = request.session_key
         if key is None:
             return
-        self._drop(key)
-        self._sessions[key] = _Placement(address, request.prompt_tokens, self._clock())
+        entry = self._table.touch(key)
+        queued = entry.placed.queued if entry.placed is not None else -math.inf
+        self._drop(entry)
+        placed = entry.placed = Placed(address, request.prompt_tokens, self._clock(), queued)
         self._load[address] = self._load.get(address, 0) + request.prompt_tokens
-        while len(self._sessions) > self._max:
-            self._drop(next(iter(self._sessions)))
+        self._live += 1
+        self._queue(key, placed)
+
+    def _queue(self, key: str, placed: Placed) -> None:
+        if placed.seen - placed.queued >= self._idle / 10:
+            placed.queued = placed.seen
+            self._lapse.append((placed.seen, key))
+
+    def _placed(self, key: str | None) -> Placed | None:
+        entry = self._table.get(key)
+        return None if entry is None else entry.placed
 
     def _expire(self) -> None:
         horizon = self._clock() - self._idle
-        while self._sessions:
-            key, placement = next(iter(self._sessions.items()))
-            if placement.seen > horizon:
-                return
-            self._drop(key)
+        lapse = self._lapse
+        while lapse and lapse[0][0] <= horizon:
+            queued, key = lapse.popleft()
+            entry = self._table.get(key)
+            placed = None if entry is None else entry.placed
+            if entry is None or placed is None or placed.queued != queued:
+                continue  # gone, or in the line again later
+            if placed.seen <= horizon:
+                self._drop(entry)
+            else:
+                placed.queued = -math.inf
+                self._queue(key, placed)
 
-    def _drop(self, key: str) -> None:
-        placement = self._sessions.pop(key, None)
-        if placement is None:
+    def left(self, key: str, entry: Entry) -> None:
+        """The session left the table: keep nothing of it (a table's leaving hook)."""
+        self._drop(entry)
+
+    def _drop(self, entry: Entry) -> None:
+        placed, entry.placed = entry.placed, None
+        if placed is None:
             return
-        left = self._load[placement.worker] - placement.tokens
+        self._live -= 1
+        left = self._load[placed.worker] - placed.tokens
         if left:
-            self._load[placement.worker] = left
+            self._load[placed.worker] = left
         else:
-            del self._load[placement.worker]
+            del self._load[placed.worker]

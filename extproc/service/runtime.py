@@ -2,7 +2,8 @@
 
 * ``saar_asyncio_tasks``: tasks alive on the service's event loop (a leak grows it);
 * ``saar_table_entries{table}``: the size of every bounded table the router keeps — session
-  records and owners of the local store, replay records and their per-session index,
+  records and owners of the local store, the live sessions every component hangs its slots
+  on, replay records and their per-session index,
   admission programs, the prompt memos and their blocks, the prefix index's blocks, the
   session-prefix index, KV hint sessions, tenants with large bodies in flight, the keys held
   requests wait on, the sessions whose figures are being gathered (a fixed set of names:
@@ -100,6 +101,7 @@ def register(parts: Parts, state: StateLayer, waker: Waker,
     pools, replay, large_bodies = parts.pools, parts.replay, parts.bodies
     collector.tables = {
         "sessions": lambda: len(state.local),
+        "live_sessions": lambda: len(parts.table),
         "owners": state.local.owners,
         "replay_records": lambda: len(replay),
         "replay_index": replay.index_size,

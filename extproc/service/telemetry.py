@@ -41,7 +41,8 @@ class Telemetry:
         router = parts.router
         figures = Figures(parts.metrics, clock=router.clock,
                           idle_seconds=config.observability.session_idle_seconds,
-                          max_sessions=config.memory.max_sessions)
+                          table=parts.table)
+        parts.table.leaving(figures.left)
         listeners.append(figures)
         shared = _shared(config, parts.metrics)
         if shared is not None:

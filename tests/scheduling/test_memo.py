@@ -45,9 +45,11 @@ def test_sessions_and_models_do_not_share_and_the_memo_is_bounded():
     b, reused = memo.blocks("a", "m2", "z" * 400)
     assert reused == 0 and tuple(a) != tuple(b)  # the model seeds the chain
     memo.blocks("b", "m1", "z" * 400)
-    assert memo.held <= 100 and len(memo) == 2  # the least recent session went first
+    assert memo.held <= 100 and len(memo) == 1  # the least recent session went first
+    _, reused = memo.blocks("b", "m1", "z" * 408)
+    assert reused == 50  # the session just kept was not shed
     _, reused = memo.blocks(None, "m1", "z" * 400)
-    assert reused == 0 and len(memo) == 2  # no session: nothing to remember
+    assert reused == 0 and len(memo) == 1  # no session: nothing to remember
 
 
 def test_the_memo_keeps_at_most_its_entries_however_small_they_are():

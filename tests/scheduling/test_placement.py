@@ -7,8 +7,9 @@ from dataclasses import replace
 import orjson
 
 from extproc.apis import parse_request
+from extproc.assembly import assemble
 from extproc.config import Config
-from extproc.scheduling.placement import Pools, Prompt
+from extproc.scheduling.placement import Prompt
 from extproc.types import Api
 
 
@@ -23,15 +24,16 @@ def two_workers(config: Config, admission: bool = False) -> Config:
 
 
 def test_only_scored_pools_are_scraped_unless_admission_needs_every_capacity(config, clock):
-    assert set(Pools(two_workers(config), clock=clock).scrape_targets()) == {
+    assert set(assemble(two_workers(config), clock=clock).pools.scrape_targets()) == {
         "10.0.0.1:80", "10.0.0.2:80"}
-    with_admission = Pools(two_workers(config, admission=True), clock=clock).scrape_targets()
+    admitting = assemble(two_workers(config, admission=True), clock=clock).pools
+    with_admission = admitting.scrape_targets()
     assert set(with_admission) == {"10.0.0.1:80", "10.0.0.2:80", "127.0.0.1:8102"}
     assert with_admission["10.0.0.1:80"] == "http://10.0.0.1:80/metrics"
 
 
 def test_a_session_returns_to_the_worker_holding_its_prefix(config, clock):
-    pools = Pools(two_workers(config), clock=clock)
+    pools = assemble(two_workers(config), clock=clock).pools
     body = orjson.dumps({"model": "auto", "messages": [{"role": "user", "content": "x " * 4000}]})
     first = pools.place(Prompt(parse_request(Api.CHAT, body, max_body_bytes=1 << 20)),
                         "qwen3-8b", "s")
@@ -58,7 +60,7 @@ def test_placements_boundaries_ticks_and_ends_become_kv_hints(config, clock):
     from extproc.scheduling.kv_hints import KvHint
     from extproc.types import SessionIdentity
 
-    pools = Pools(hinted(config), clock=clock)
+    pools = assemble(hinted(config), clock=clock).pools
     workers = pools.registry.pool("qwen3-8b")
     for worker in workers:
         worker.num_blocks, worker.block_size = 100, 16  # 1,600 tokens of KV each

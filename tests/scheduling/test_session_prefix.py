@@ -58,12 +58,12 @@ def test_kv_events_say_where_blocks_really_are() -> None:
     assert index.where(a[3]) == {} and index.where(424242) == {}
 
 
-def test_bounded_by_blocks_and_sessions_finished_first() -> None:
+def test_bounded_by_blocks_and_by_the_session_table() -> None:
     index = SessionPrefixIndex(max_sessions=3, max_blocks=12)
     for n in range(3):
         index.placed(f"s{n}", context(n + 1, 2), "w1")  # branches of five blocks
     assert (index.state("s0"), index.blocks) == ("finished", 10), "the least recent closed"
     index.placed("s3", context(9, 2), "w1")
-    assert index.state("s0") is None, "finished sessions are forgotten first"
+    assert index.state("s0") is None, "the table's bound: the least recently active left"
     assert (index.state("s1"), index.blocks) == ("finished", 10)
     assert index.sessions() == ["s1", "s2", "s3"]
