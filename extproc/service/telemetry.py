@@ -17,7 +17,7 @@ from ..core.router import Router
 from ..observability.figures import Figures
 from ..observability.metrics import Metrics
 from ..observability.replay import RecordListener
-from ..observability.shared_replay import ReplayLookup, SharedReplay
+from ..observability.shared_replay import ReplayLookup, SharedReplay, connect
 from .admin import AdminAuth
 
 PROCESS_METHOD = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
@@ -69,10 +69,8 @@ def _shared(config: Config, metrics: Metrics) -> SharedReplay | None:
     settings = config.observability.shared_replay
     if config.state.store != "redis" or not settings.enabled:
         return None
-    from redis.asyncio import Redis  # the redis client only when configured
-
     return SharedReplay(
-        Redis.from_url(config.state.redis_url, decode_responses=False), metrics,
+        connect(config.state.redis_url), metrics,
         prefix=config.state.key_prefix, ttl_seconds=settings.ttl_seconds,
         session_records=settings.session_records, flush_seconds=settings.flush_seconds,
         max_pending=settings.max_pending,

@@ -16,6 +16,8 @@ import asyncio
 import hashlib
 import ssl
 from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlparse
 
@@ -24,8 +26,34 @@ import hiredis
 Arg = bytes | str | int | float
 
 
+Command = tuple[Arg, ...]
+ASKING: Command = ("ASKING",)
+"""Sent before a command a cluster redirected with ``ASK``: it holds for the next one only."""
+
+
 class RespError(Exception):
     """Redis answered with an error reply (``-ERR ...``)."""
+
+
+_SOURCES: dict[str, str] = {}
+"""SHA1 → source of every ``Script`` made: what a server answering ``NOSCRIPT`` is sent."""
+
+
+@dataclass(frozen=True)
+class Script:
+    """A Lua script, sent by its SHA1 (``EVALSHA``); whole (``EVAL``) to a server that has
+    not seen it yet (a new node, a restart, ``SCRIPT FLUSH``)."""
+
+    source: str
+    sha: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        sha = hashlib.sha1(self.source.encode()).hexdigest()
+        object.__setattr__(self, "sha", sha)
+        _SOURCES[sha] = self.source
+
+    def command(self, keys: Sequence[str], args: Sequence[Arg]) -> Command:
+        return ("EVALSHA", self.sha, len(keys), *keys, *args)
 
 
 class ConnectionLost(ConnectionError):
@@ -78,7 +106,6 @@ class RespClient:
             raise ValueError(f"unsupported store URL {url!r}")
         self._protocol: _Protocol | None = None
         self._connecting: asyncio.Lock | None = None
-        self._scripts: dict[str, str] = {}
 
     async def call(self, *args: Arg) -> Any:
         protocol = await self._connected()
@@ -88,17 +115,49 @@ class RespClient:
         protocol.transport.write(encode(args))
         return await future
 
-    async def script(self, source: str, keys: list[str], args: list[Arg]) -> Any:
-        """EVALSHA, falling back to EVAL the first time a server has not seen the script."""
-        sha = self._scripts.get(source)
-        if sha is None:
-            sha = self._scripts[source] = hashlib.sha1(source.encode()).hexdigest()
+    async def script(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
+        reply = (await self.pipeline([script.command(keys, args)]))[0]
+        if isinstance(reply, RespError):
+            raise reply
+        return reply
+
+    async def pipeline(self, commands: Sequence[Command]) -> list[Any]:
+        """Send ``commands`` in one write; their replies in order, an error reply as its
+        ``RespError`` in place. A script the server has not seen (``NOSCRIPT``) is sent again
+        whole; a lost connection raises ``ConnectionLost``."""
+        protocol = await self._connected()
+        assert protocol.transport is not None
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[Any]] = [loop.create_future() for _ in commands]
+        protocol.waiting.extend(futures)
+        protocol.transport.write(b"".join(encode(args) for args in commands))
+        replies: list[Any] = []
         try:
-            return await self.call("EVALSHA", sha, len(keys), *keys, *args)
-        except RespError as exc:
-            if not str(exc).startswith("NOSCRIPT"):
-                raise
-        return await self.call("EVAL", source, len(keys), *keys, *args)
+            for future in futures:  # replies come in order: awaiting one by one costs nothing
+                try:
+                    replies.append(await future)
+                except RespError as exc:
+                    replies.append(exc)
+        except BaseException:
+            for future in futures:  # the caller gives up on all of them
+                if not future.cancel() and not future.cancelled():
+                    future.exception()  # retrieved: never reported as lost
+            raise
+        unseen = [i for i, reply in enumerate(replies)
+                  if isinstance(reply, RespError) and str(reply).startswith("NOSCRIPT")
+                  and commands[i][1] in _SOURCES]
+        if unseen:
+            again: list[Command] = []
+            for i in unseen:
+                if i and commands[i - 1] == ASKING:  # a cluster's redirection holds for both
+                    again.append(ASKING)
+                again.append(("EVAL", _SOURCES[str(commands[i][1])], *commands[i][2:]))
+            answers = iter(await self.pipeline(again))
+            for i in unseen:
+                if i and commands[i - 1] == ASKING:
+                    next(answers)
+                replies[i] = next(answers)
+        return replies
 
     async def close(self) -> None:
         protocol, self._protocol = self._protocol, None
