@@ -1,7 +1,9 @@
 """What the service adds around the router's own records: who may read them (``AdminAuth``),
 where they are read from (``ReplayLookup``: this replica, then the shared store), the metrics
-derived from them (``Figures``), the shared store's writer, OpenTelemetry spans when configured,
-and the router-overhead timer on the ext_proc stream. ``app`` starts and stops it whole."""
+derived from them (``Figures``; the upstream-named ``StandardFigures``, and ``PoolGauges`` read
+from the worker registry at each scrape), the shared store's writer, OpenTelemetry spans when
+configured, and the router-overhead timer on the ext_proc stream. ``app`` starts and stops it
+whole."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+from prometheus_client import CollectorRegistry
 
 from ..config import Config
 from ..core.router import Router
@@ -18,6 +21,7 @@ from ..observability.figures import Figures
 from ..observability.metrics import Metrics
 from ..observability.replay import RecordListener
 from ..observability.shared_replay import ReplayLookup, SharedReplay, connect
+from ..observability.standard import PoolGauges, StandardFigures, pools_of
 from .admin import AdminAuth
 
 PROCESS_METHOD = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
@@ -32,6 +36,8 @@ class Telemetry:
     spans: Any = None
     """``RouteSpans`` when OpenTelemetry is on (typed loosely: never imported otherwise)."""
     interceptors: list[grpc.aio.ServerInterceptor] = field(default_factory=list)
+    gauges: tuple[CollectorRegistry, PoolGauges] | None = None
+    """(the metrics registry, the pool gauges registered in it until ``stop``)."""
 
     @classmethod
     def start(cls, config: Config, router: Router) -> Telemetry:
@@ -42,6 +48,9 @@ class Telemetry:
                           idle_seconds=config.observability.session_idle_seconds,
                           max_sessions=config.memory.max_sessions)
         listeners.append(figures)
+        listeners.append(StandardFigures.from_config(router.metrics.standard, config))
+        gauges = PoolGauges(router.pools.registry, pools_of(config))
+        router.metrics.registry.register(gauges)
         shared = _shared(config, router.metrics)
         if shared is not None:
             listeners.append(shared)
@@ -56,9 +65,13 @@ class Telemetry:
             router.replay.subscribe(listener)
         auth = AdminAuth.from_config(config.admin, router.identity.tenant)
         return cls(auth, ReplayLookup(router.replay, shared), figures, shared, spans,
-                   [OverheadTimer(router.metrics)])
+                   [OverheadTimer(router.metrics)], (router.metrics.registry, gauges))
 
     async def stop(self) -> None:
+        if self.gauges is not None:
+            registry, gauges = self.gauges
+            registry.unregister(gauges)
+            self.gauges = None
         if self.shared is not None:
             await self.shared.stop()
         if self.spans is not None:
