@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, unquote
 
-from .resp import ASKING, Command, RespClient, RespError
+from .resp import ASKING, Command, RespClient, RespError, abandon
 
 log = logging.getLogger(__name__)
 
@@ -211,30 +211,31 @@ class ClusterClient:
         self, routes: dict[Node, list[int]], commands: Sequence[tuple[str, Command]],
         asked: dict[int, Node],
     ) -> list[tuple[int, Any]]:
-        async def one(node: Node, indices: list[int]) -> list[tuple[int, Any]]:
-            batch: list[Command] = []
-            for i in indices:
-                if i in asked:
-                    batch.append(ASKING)
-                batch.append(commands[i][1])
-            try:
-                replies = await self._client(node).pipeline(batch)
-            except OSError:  # ConnectionLost too: a failover may have moved the slots
-                self._stale()
-                raise
-            it = iter(replies)
+        """Write every primary's batch, then read the replies: the round trips overlap."""
+        sent: list[tuple[RespClient, list[int], list[Command], list[asyncio.Future[Any]]]] = []
+        try:
+            for node, indices in routes.items():
+                batch: list[Command] = []
+                for i in indices:
+                    if i in asked:
+                        batch.append(ASKING)
+                    batch.append(commands[i][1])
+                client = self._client(node)
+                sent.append((client, indices, batch, await client.send(batch)))
             out = []
-            for i in indices:
-                if i in asked:
-                    next(it)  # ASKING's OK
-                out.append((i, next(it)))
+            for client, indices, batch, futures in sent:
+                replies = iter(await client.collect(batch, futures))
+                for i in indices:
+                    if i in asked:
+                        next(replies)  # ASKING's OK
+                    out.append((i, next(replies)))
             return out
-
-        if len(routes) == 1:
-            ((node, indices),) = routes.items()
-            return await one(node, indices)
-        parts = await asyncio.gather(*(one(node, indices) for node, indices in routes.items()))
-        return [pair for part in parts for pair in part]
+        except BaseException as exc:
+            if isinstance(exc, OSError):  # ConnectionLost too: a failover may move the slots
+                self._stale()
+            for *_, futures in sent:
+                abandon(futures)
+            raise
 
     def _stale(self) -> None:
         """Read the map again soon, off the caller's path."""

@@ -68,6 +68,14 @@ def encode(args: tuple[Arg, ...]) -> bytes:
     return b"".join(parts)
 
 
+def abandon(futures: Sequence[asyncio.Future[Any]]) -> None:
+    """The caller gives up on these replies: pending ones are cancelled (their replies, when
+    they come, are skipped), failed ones marked retrieved (never reported as lost)."""
+    for future in futures:
+        if not future.cancel() and not future.cancelled():
+            future.exception()
+
+
 class _Protocol(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -115,22 +123,26 @@ class RespClient:
         protocol.transport.write(encode(args))
         return await future
 
-    async def script(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
-        reply = (await self.pipeline([script.command(keys, args)]))[0]
-        if isinstance(reply, RespError):
-            raise reply
-        return reply
-
     async def pipeline(self, commands: Sequence[Command]) -> list[Any]:
         """Send ``commands`` in one write; their replies in order, an error reply as its
         ``RespError`` in place. A script the server has not seen (``NOSCRIPT``) is sent again
         whole; a lost connection raises ``ConnectionLost``."""
+        return await self.collect(commands, await self.send(commands))
+
+    async def send(self, commands: Sequence[Command]) -> list[asyncio.Future[Any]]:
+        """Write ``commands`` (connecting first if need be) without waiting for the replies:
+        a caller writing to several servers sends to all before it collects from any."""
         protocol = await self._connected()
         assert protocol.transport is not None
         loop = asyncio.get_running_loop()
         futures: list[asyncio.Future[Any]] = [loop.create_future() for _ in commands]
         protocol.waiting.extend(futures)
         protocol.transport.write(b"".join(encode(args) for args in commands))
+        return futures
+
+    async def collect(self, commands: Sequence[Command],
+                      futures: list[asyncio.Future[Any]]) -> list[Any]:
+        """The replies of ``send``'s ``futures``, as ``pipeline`` returns them."""
         replies: list[Any] = []
         try:
             for future in futures:  # replies come in order: awaiting one by one costs nothing
@@ -139,9 +151,7 @@ class RespClient:
                 except RespError as exc:
                     replies.append(exc)
         except BaseException:
-            for future in futures:  # the caller gives up on all of them
-                if not future.cancel() and not future.cancelled():
-                    future.exception()  # retrieved: never reported as lost
+            abandon(futures)
             raise
         unseen = [i for i, reply in enumerate(replies)
                   if isinstance(reply, RespError) and str(reply).startswith("NOSCRIPT")
