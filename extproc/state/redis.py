@@ -174,13 +174,13 @@ class RedisStore:
 
     # -- keys ------------------------------------------------------------------------------
 
-    def session_key(self, key: str) -> str:
-        """Where a session's record is kept; in a cluster its name is the key's hash tag."""
+    def record_key(self, key: str) -> str:
+        """Where a session's record is kept; in a cluster the session is the hash tag."""
         if self._cluster is None:
             return self._session_prefix + key
         return hash_tagged(self._session_prefix, key)
 
-    def owner_key(self, key: str) -> str:
+    def owner_record_key(self, key: str) -> str:
         """Where an id's owner is kept: found from the id alone (in a cluster, its slot)."""
         if self._cluster is None:
             return self._owner_prefix + key
@@ -207,8 +207,8 @@ class RedisStore:
     async def load(self, query: Query) -> Facts:
         if self._cluster is not None:
             return await self._load_slots(query)
-        keys = [self.session_key(query.session) if query.session else "",
-                *(self.owner_key(k) for k in query.ids)]
+        keys = [self.record_key(query.session) if query.session else "",
+                *(self.owner_record_key(k) for k in query.ids)]
         chain = query.ids.index(query.chain) + 1 if query.chain in query.ids else 0
         ((chained, version, data, *owners),) = await self._run(
             [(keys[0], _LOAD.command(keys, [self._session_prefix, chain]))])
@@ -219,10 +219,10 @@ class RedisStore:
         hold them; a chain, its owner first, then its session's record."""
         commands: list[tuple[str, Command]] = []
         if query.session:
-            key = self.session_key(query.session)
+            key = self.record_key(query.session)
             commands.append((key, ("HMGET", key, "v", "d")))
         for id_key in query.ids:
-            key = self.owner_key(id_key)
+            key = self.owner_record_key(id_key)
             commands.append((key, ("GET", key)))
         replies = await self._run(commands) if commands else []
         found, owners = (replies[0], replies[1:]) if query.session else ([None, None], replies)
@@ -231,7 +231,7 @@ class RedisStore:
             owner = owners[query.ids.index(query.chain)]
             session = unpack_owner(owner).session if owner else None
             if session is not None:
-                key = self.session_key(session)
+                key = self.record_key(session)
                 (found,) = await self._run([(key, ("HMGET", key, "v", "d"))])
         return self._facts(query, session, found[0] or b"0", found[1] or b"",
                            [owner or b"" for owner in owners])
@@ -324,14 +324,14 @@ class RedisStore:
         of each slot in one in a cluster."""
         groups: dict[int, _Group] = {}
         for key, (record, _) in planned.items():
-            base, stored = bases[key], self.session_key(key)
+            base, stored = bases[key], self.record_key(key)
             groups.setdefault(self._slot(stored), _Group()).sessions.append((key, stored, [
                 str(base.version if base else 0), str(record.version), pack_record(record)]))
         for key, owner in claims:
-            stored = self.owner_key(key)
+            stored = self.owner_record_key(key)
             groups.setdefault(self._slot(stored), _Group()).claims.append((stored, owner))
         for key in forgets:
-            stored = self.session_key(key)
+            stored = self.record_key(key)
             groups.setdefault(self._slot(stored), _Group()).forgets.append(stored)
         return groups
 
@@ -340,11 +340,11 @@ class RedisStore:
     ) -> None:
         groups: dict[int, tuple[list[tuple[str, bytes]], list[tuple[str, bytes]]]] = {}
         for key, record in records.items():
-            stored = self.session_key(key)
+            stored = self.record_key(key)
             groups.setdefault(self._slot(stored), ([], []))[0].append(
                 (stored, pack_record(record)))
         for key, owner in (owners or {}).items():
-            stored = self.owner_key(key)
+            stored = self.owner_record_key(key)
             groups.setdefault(self._slot(stored), ([], []))[1].append(
                 (stored, pack_owner(owner)))
         trip: list[tuple[str, Command]] = []

@@ -91,7 +91,7 @@ async def test_a_slot_moved_under_load_keeps_every_lock(kind, tmp_path):
         store = redis_store(url, "mv")
         call = owner_key("t", "call_1")
         await store.apply([Commit(turn(1)), Claim((call,), Owner("m2", "w2", "t/s"))], 1.0)
-        key = store.session_key("t/s")
+        key = store.record_key("t/s")
         slot = key_slot(key)
         source = owner_of(cluster, slot)
         target = next(p for p in cluster.ports[:cluster.primaries] if p != source)
@@ -144,7 +144,7 @@ async def test_a_primary_killed_is_replaced_by_its_replica_and_the_locks_hold(tm
         call = owner_key("t", "call_1")
         await store.apply([Finish(turn(1), tool_calls=True),
                            Claim((call,), Owner("m2", "w2", "t/s"))], 1.0)
-        key = store.session_key("t/s")
+        key = store.record_key("t/s")
         primary = owner_of(cluster, key_slot(key))
         replica = next(i for i in range(cluster.primaries, len(cluster.nodes))
                        if _follows(cluster, i, primary))
