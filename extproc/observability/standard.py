@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -168,6 +168,7 @@ class StandardFigures:
         self._models = frozenset((*models, *logical_models))
         self._responded: set[str] = set()
         """Model names seen in responses beyond the config's (at most ``MAX_RESPONSE_MODELS``)."""
+        self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
         self._requests: OrderedDict[str, _Request] = OrderedDict()
         """Requests still running."""
         self._awaiting: OrderedDict[str, _Request] = OrderedDict()
@@ -184,8 +185,8 @@ class StandardFigures:
         request = record.get("request") or {}
         state = _Request(self._known(request.get("model")), self._known(record.get("model")),
                          str(request.get("api")), bool(request.get("stream")))
-        self._metrics.requests.labels(state.model_name, state.target, PRIORITY).inc()
-        self._metrics.running.labels(state.model_name).inc()
+        self._child(self._metrics.requests, state.model_name, state.target, PRIORITY).inc()
+        self._child(self._metrics.running, state.model_name).inc()
         self._requests[record["replay_id"]] = state
         while len(self._requests) > MAX_RUNNING:
             self._stop_running(self._requests.popitem(last=False)[1])
@@ -221,7 +222,7 @@ class StandardFigures:
         state.status = True
         code = error_code(status, refused)
         if code is not None:
-            self._metrics.errors.labels(state.model_name, state.target, code).inc()
+            self._child(self._metrics.errors, state.model_name, state.target, code).inc()
         if refused is not None:  # refused at the processor: it never ran, it will not end
             self._stop_running(state)
 
@@ -230,21 +231,21 @@ class StandardFigures:
         m, objective = self._metrics, (state.model_name, state.target)
         prompt, cached = int(usage["prompt_tokens"]), int(usage["cached_tokens"])
         output = int(usage["completion_tokens"])
-        m.input_tokens.labels(*objective).observe(prompt)
-        m.output_tokens.labels(*objective).observe(output)
-        m.cached_tokens.labels(*objective).observe(cached)
+        self._child(m.input_tokens, *objective).observe(prompt)
+        self._child(m.output_tokens, *objective).observe(output)
+        self._child(m.cached_tokens, *objective).observe(cached)
         for kind, count in zip(TOKEN_TYPES, (prompt, cached, output), strict=True):
-            m.token_usage.labels(*genai, kind).observe(count)
-            m.tokens.labels(state.target, kind).inc(count)
+            self._child(m.token_usage, *genai, kind).observe(count)
+            self._child(m.tokens, state.target, kind).inc(count)
 
     def _ended(self, state: _Request, genai: tuple[str, ...], seconds: float,
                status: int | None) -> None:
         state.latency = True
         self._stop_running(state)
-        self._metrics.duration.labels(state.model_name, state.target).observe(seconds)
+        self._child(self._metrics.duration, state.model_name, state.target).observe(seconds)
         failed = status is not None and not 200 <= status < 300
-        self._metrics.request_duration.labels(
-            *genai, error_type(status) if failed and status is not None else "").observe(seconds)
+        kind = error_type(status) if failed and status is not None else ""
+        self._child(self._metrics.request_duration, *genai, kind).observe(seconds)
 
     def _timed(self, state: _Request, genai: tuple[str, ...], latency_ms: float | None,
                first_ms: float | None, output: int) -> None:
@@ -254,15 +255,16 @@ class StandardFigures:
         m = self._metrics
         if latency_ms is not None and output > 0 and not state.ntpot:
             state.ntpot = True
-            m.ntpot.labels(state.model_name, state.target).observe(latency_ms / 1000 / output)
+            self._child(m.ntpot, state.model_name, state.target).observe(
+                latency_ms / 1000 / output)
         if first_ms is None or not state.stream:
             return
         if not state.ttft:
             state.ttft = True
-            m.time_to_first_token.labels(*genai).observe(first_ms / 1000)
+            self._child(m.time_to_first_token, *genai).observe(first_ms / 1000)
         if latency_ms is not None and output > 1 and latency_ms > first_ms and not state.tpot:
             state.tpot = True
-            m.time_per_output_token.labels(*genai).observe(
+            self._child(m.time_per_output_token, *genai).observe(
                 (latency_ms - first_ms) / 1000 / (output - 1))
 
     def _genai(self, state: _Request, record: Record, outcome: Record) -> tuple[str, ...]:
@@ -270,6 +272,14 @@ class StandardFigures:
         return (OPERATIONS.get(state.api, OTHER), PROVIDERS.get(state.api, OTHER),
                 self._known(request.get("model")), state.target,
                 self._responded_as(outcome.get("model")) or state.target)
+
+    def _child(self, metric: Any, *values: str) -> Any:
+        """``metric.labels(*values)``, looked up once (the values are bounded)."""
+        key = (metric, values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
 
     def _known(self, model: object) -> str:
         return model if isinstance(model, str) and model in self._models else OTHER
@@ -287,7 +297,7 @@ class StandardFigures:
     def _stop_running(self, state: _Request) -> None:
         if state.running:
             state.running = False
-            self._metrics.running.labels(state.model_name).dec()
+            self._child(self._metrics.running, state.model_name).dec()
 
 
 class PoolGauges:
