@@ -41,6 +41,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports (each held until all are chosen: ``free_port`` called in
+    a row may hand out one twice)."""
+    with contextlib.ExitStack() as stack:
+        held = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in held:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in held]
+
+
 def envoy_binary() -> str:
     found = shutil.which("envoy") or str(Path(sys.executable).parent / "envoy")
     if not Path(found).exists():
@@ -179,9 +189,9 @@ class Stack:
             service.close()
 
 
-def _store_service(kind: str, workdir: Path, name: str | None = None,
-                   *extra: str) -> tuple[Service, str]:
-    port = free_port()
+def _store_service(kind: str, workdir: Path, name: str | None = None, *extra: str,
+                   port: int | None = None) -> tuple[Service, str]:
+    port = port or free_port()
     argv = [store_binary(kind), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
             "--appendonly", "no", "--dir", str(workdir), *extra]
     return (Service(name or f"store-{kind}", argv, workdir, functools.partial(wait_tcp, port)),
@@ -201,22 +211,21 @@ class StoreCluster:
     def __init__(self, kind: str, workdir: Path, *, primaries: int = 3, replicas: int = 0,
                  node_timeout_ms: int = 1000) -> None:
         self.nodes: list[Service] = []
-        self.urls: list[str] = []
-        self.bus_ports: list[int] = []
+        count = primaries * (1 + replicas)
+        ports = free_ports(2 * count)
+        self.ports = ports[:count]
+        self.bus_ports = ports[count:]
         """Each node's cluster bus, on a port of its own (the default, port + 10000, may be
         taken or out of range)."""
-        for index in range(primaries * (1 + replicas)):
+        for index, (port, bus) in enumerate(zip(self.ports, self.bus_ports, strict=True)):
             home = workdir / f"node-{index}"
             home.mkdir(parents=True, exist_ok=True)
-            self.bus_ports.append(free_port())
-            service, url = _store_service(
+            service, _ = _store_service(
                 kind, home, f"store-{kind}-cluster-{index}", "--cluster-enabled", "yes",
-                "--cluster-config-file", "nodes.conf", "--cluster-port", str(self.bus_ports[-1]),
-                "--cluster-node-timeout", str(node_timeout_ms))
+                "--cluster-config-file", "nodes.conf", "--cluster-port", str(bus),
+                "--cluster-node-timeout", str(node_timeout_ms), port=port)
             self.nodes.append(service)
-            self.urls.append(url)
         self.primaries = primaries
-        self.ports = [int(u.rsplit(":", 1)[1].split("/")[0]) for u in self.urls]
         self.url = "redis+cluster://" + ",".join(f"127.0.0.1:{p}"
                                                  for p in self.ports[:primaries])
         self._formed = False
