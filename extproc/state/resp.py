@@ -2,12 +2,13 @@
 
 The general-purpose client spends about 100 µs of Python per command on this machine (pool,
 locks, encoders); the request path makes two store calls per request, so that alone would cost
-more than the whole budget of the shared store. Here a command is one ``write`` of its encoded
-bytes and one future: every caller shares one connection, commands go out in call order and
-replies, which Redis sends in the same order, resolve the futures first in, first out (hiredis
-parses them in C). A caller that stops waiting (a timeout) leaves its future in the queue, so
-the next reply still finds its own. A lost connection fails every waiting call and the next
-call opens a new one.
+more than the whole budget of the shared store. Here a command — or a batch of them
+(``pipeline``) — is one ``write`` of its encoded bytes and one future per command: every caller
+shares one connection, commands go out in call order and replies, which Redis sends in the same
+order, resolve the futures first in, first out (hiredis parses them in C). A caller that stops
+waiting (a timeout) leaves its futures in the queue, cancelled, so the next reply still finds
+its own. A lost connection fails every waiting call and the next call opens a new one. A
+cluster's client (``cluster``) keeps one of these per primary.
 """
 
 from __future__ import annotations
