@@ -265,11 +265,12 @@ class StoreCluster:
             for index, node in enumerate(self.nodes):
                 if not node.running:
                     continue
-                with contextlib.suppress(OSError, Exception), self.client(index) as client:
+                with contextlib.suppress(Exception), self.client(index) as client:
                     info = client.execute_command("CLUSTER", "INFO")
                     text = info.decode() if isinstance(info, bytes) else str(info)
-                    if "cluster_state:ok" in text and \
-                            f"cluster_slots_ok:{CLUSTER_SLOTS}" in text:
+                    if all(f in text for f in ("cluster_state:ok",
+                                               f"cluster_slots_ok:{CLUSTER_SLOTS}",
+                                               f"cluster_known_nodes:{len(self.nodes)}")):
                         maps.append(_primaries_of(client.execute_command("CLUSTER", "SLOTS")))
                         continue
                 maps.append(None)
