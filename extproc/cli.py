@@ -162,6 +162,12 @@ def _bench_route(args: argparse.Namespace) -> int:
                 as_json=args.json)
 
 
+def _bench_store(args: argparse.Namespace) -> int:
+    from .dev.bench.store import STORES, main
+
+    return main(tuple(args.stores.split(",")) if args.stores else STORES, as_json=args.json)
+
+
 def _bench_soak(args: argparse.Namespace) -> int:
     from .dev.bench.soak import Settings, main
 
@@ -284,6 +290,13 @@ def build_parser() -> argparse.ArgumentParser:
     route.add_argument("--config", default=None, help="default: config/example.yaml")
     route.add_argument("--sizes", default=None, help="comma-separated: 2kb,64kb,256kb,1mb,4mb")
     route.set_defaults(func=_bench_route)
+    store = bench_sub.add_parser(
+        "store", help="the shared store's load and apply: one Redis server beside a cluster")
+    store.add_argument("--stores", default=None,
+                       help="comma-separated store_server kinds (default redis,redis-cluster; "
+                       "also valkey, valkey-cluster)")
+    store.add_argument("--json", action="store_true", help="last stdout line is JSON")
+    store.set_defaults(func=_bench_store)
     soak = bench_sub.add_parser(
         "soak", help="a stack under steady agent traffic for minutes: RSS, tables, series, "
         "tasks, latency per window")

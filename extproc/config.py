@@ -36,13 +36,15 @@ Name = Annotated[StrictStr, Field(min_length=1, max_length=253)]
 NonEmpty = Annotated[StrictStr, Field(min_length=1)]
 _ADDRESS = r"^[^\s:/]+:\d{1,5}$|^\[[0-9a-fA-F:.]+\]:\d{1,5}$"
 _HEADER = r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$"
-_REDIS_URL = r"^(redis|rediss|unix)://"
+_REDIS_URL = (r"^(redis|rediss|unix)://"
+              r"|^rediss?\+cluster://([^\s/@]+@)?[^\s/@,]+:\d{1,5}(,[^\s/@,]+:\d{1,5})*(/0?)?$")
 _KEY_PREFIX = r"^[A-Za-z0-9_.-]{1,64}$"
 _ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 _FORMS = {
     _ADDRESS: "host:port",
     _HEADER: "an HTTP header name",
-    _REDIS_URL: "redis://host:port/db (or rediss://, unix://)",
+    _REDIS_URL: "redis://host:port/db (or rediss://, unix://), or a cluster's "
+                "redis+cluster://host:port[,host:port...] (or rediss+cluster://)",
     _KEY_PREFIX: "1-64 letters, digits, '_', '.', '-'",
     _ENV_NAME: "an environment variable name",
 }
@@ -246,6 +248,9 @@ class State:
 
     store: Literal["memory", "redis"] = "memory"
     redis_url: Annotated[StrictStr, Field(pattern=_REDIS_URL)] = "redis://127.0.0.1:6379/0"
+    """One server (``redis://``, ``rediss://``, ``unix://``), or a Redis / Valkey Cluster:
+    ``redis+cluster://host:port[,host:port…]`` names seed nodes (``rediss+cluster://`` for
+    TLS); see docs/state.md."""
     key_prefix: Annotated[StrictStr, Field(pattern=_KEY_PREFIX)] = "saar"
     timeout_ms: Annotated[Number, Field(gt=0, le=10_000)] = 50.0
     """The request path never waits longer than this on the shared store."""

@@ -41,6 +41,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports (each held until all are chosen: ``free_port`` called in
+    a row may hand out one twice)."""
+    with contextlib.ExitStack() as stack:
+        held = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in held:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in held]
+
+
 def envoy_binary() -> str:
     found = shutil.which("envoy") or str(Path(sys.executable).parent / "envoy")
     if not Path(found).exists():
@@ -154,9 +164,9 @@ class Stack:
     config_path: Path
     access_log: Path
     processors: list[Processor]
-    store: Service | None = None
+    store: StoreProcess | None = None
     store_url: str | None = None
-    services: list[Service] = field(default_factory=list)
+    services: list[StoreProcess] = field(default_factory=list)
     envoy_admin: int | None = None
     """Envoy's admin port (loopback): its stats, for tests and the soak."""
 
@@ -179,25 +189,155 @@ class Stack:
             service.close()
 
 
-def _store_service(kind: str, workdir: Path) -> tuple[Service, str]:
-    port = free_port()
+def _store_service(kind: str, workdir: Path, name: str | None = None, *extra: str,
+                   port: int | None = None) -> tuple[Service, str]:
+    port = port or free_port()
     argv = [store_binary(kind), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-            "--appendonly", "no", "--dir", str(workdir)]
-    return (Service(f"store-{kind}", argv, workdir, functools.partial(wait_tcp, port)),
+            "--appendonly", "no", "--dir", str(workdir), *extra]
+    return (Service(name or f"store-{kind}", argv, workdir, functools.partial(wait_tcp, port)),
             f"redis://127.0.0.1:{port}/0")
 
 
+CLUSTER_SLOTS = 16384
+
+
+class StoreCluster:
+    """A Redis or Valkey Cluster on loopback, formed by hand (``CLUSTER ADDSLOTSRANGE``,
+    ``MEET``, ``REPLICATE``: no ``redis-cli`` needed): ``primaries`` primaries splitting the
+    slots evenly, each with ``replicas`` replicas, no persistence. Stopped and started again,
+    its nodes keep their cluster configuration (``nodes.conf``) and lose their keys, like a
+    cluster restarted without persistence. ``url`` names every primary as a seed."""
+
+    def __init__(self, kind: str, workdir: Path, *, primaries: int = 3, replicas: int = 0,
+                 node_timeout_ms: int = 1000) -> None:
+        self.nodes: list[Service] = []
+        count = primaries * (1 + replicas)
+        ports = free_ports(2 * count)
+        self.ports = ports[:count]
+        self.bus_ports = ports[count:]
+        """Each node's cluster bus, on a port of its own (the default, port + 10000, may be
+        taken or out of range)."""
+        for index, (port, bus) in enumerate(zip(self.ports, self.bus_ports, strict=True)):
+            home = workdir / f"node-{index}"
+            home.mkdir(parents=True, exist_ok=True)
+            service, _ = _store_service(
+                kind, home, f"store-{kind}-cluster-{index}", "--cluster-enabled", "yes",
+                "--cluster-config-file", "nodes.conf", "--cluster-port", str(bus),
+                "--cluster-node-timeout", str(node_timeout_ms), port=port)
+            self.nodes.append(service)
+        self.primaries = primaries
+        self.url = "redis+cluster://" + ",".join(f"127.0.0.1:{p}"
+                                                 for p in self.ports[:primaries])
+        self._formed = False
+
+    @property
+    def running(self) -> bool:
+        return all(node.running for node in self.nodes)
+
+    def start(self) -> None:
+        for node in self.nodes:
+            if not node.running:
+                node.start()
+        if not self._formed:
+            self._form()
+            self._formed = True
+        self.wait_ok()
+
+    def stop(self, *, kill: bool = False) -> None:
+        for node in self.nodes:
+            node.stop(kill=kill)
+
+    def close(self) -> None:
+        for node in self.nodes:
+            node.close()
+
+    def client(self, index: int) -> Any:
+        import redis
+
+        return redis.Redis(port=self.ports[index], socket_timeout=5)
+
+    def wait_ok(self, timeout: float = READY_TIMEOUT) -> None:
+        """Until every running node sees the whole cluster up: all slots served, every node
+        known, and the same primaries for the slots."""
+        deadline = time.monotonic() + timeout
+        while True:
+            maps: list[list[tuple[int, int, int]] | None] = []
+            for index, node in enumerate(self.nodes):
+                if not node.running:
+                    continue
+                with contextlib.suppress(Exception), self.client(index) as client:
+                    info = client.execute_command("CLUSTER", "INFO")
+                    text = info.decode() if isinstance(info, bytes) else str(info)
+                    if all(f in text for f in ("cluster_state:ok",
+                                               f"cluster_slots_ok:{CLUSTER_SLOTS}",
+                                               f"cluster_known_nodes:{len(self.nodes)}")):
+                        maps.append(_primaries_of(client.execute_command("CLUSTER", "SLOTS")))
+                        continue
+                maps.append(None)
+            if maps and None not in maps and all(m == maps[0] for m in maps):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the cluster did not come up in {timeout}s")
+            time.sleep(0.05)
+
+    def _form(self) -> None:
+        per = CLUSTER_SLOTS // self.primaries
+        ids = []
+        for index in range(len(self.nodes)):
+            with self.client(index) as client:
+                if index < self.primaries:
+                    last = index == self.primaries - 1
+                    end = CLUSTER_SLOTS - 1 if last else (index + 1) * per - 1
+                    client.execute_command("CLUSTER", "ADDSLOTSRANGE", index * per, end)
+                if index:
+                    client.execute_command("CLUSTER", "MEET", "127.0.0.1", self.ports[0],
+                                           self.bus_ports[0])
+                ids.append(client.execute_command("CLUSTER", "MYID").decode())
+        deadline = time.monotonic() + READY_TIMEOUT
+        for index in range(self.primaries, len(self.nodes)):
+            primary = ids[(index - self.primaries) % self.primaries]
+            while True:  # a replica follows its primary once it has learnt of it by gossip
+                try:
+                    with self.client(index) as client:
+                        client.execute_command("CLUSTER", "REPLICATE", primary)
+                    break
+                except Exception:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
+
+
+def _primaries_of(slots: Any) -> list[tuple[int, int, int]]:
+    return sorted((int(start), int(end), int(primary[1])) for start, end, primary, *_ in slots)
+
+
+StoreProcess = Service | StoreCluster
+"""A store server the harness started: one process, or a cluster of them."""
+
+
 @contextlib.contextmanager
-def store_server(kind: str, workdir: str | Path | None = None) -> Iterator[tuple[Service, str]]:
-    """A Redis or Valkey server on a free loopback port, no persistence: (service, URL)."""
+def store_server(kind: str, workdir: str | Path | None = None) -> Iterator[tuple[Any, str]]:
+    """A store on free loopback ports, no persistence: (the service, its URL). ``kind``:
+    ``redis`` or ``valkey`` (one server), ``redis-cluster`` or ``valkey-cluster`` (three
+    primaries), ``…-cluster-replicated`` (three primaries with a replica each)."""
     tmp = Path(workdir or tempfile.mkdtemp(prefix=f"saar-{kind}-"))
     tmp.mkdir(parents=True, exist_ok=True)
-    service, url = _store_service(kind, tmp)
+    service, url = _store(kind, tmp)
     service.start()
     try:
         yield service, url
     finally:
         service.close()
+
+
+def _store(kind: str, workdir: Path) -> tuple[StoreProcess, str]:
+    server, _, shape = kind.partition("-")
+    if shape in ("cluster", "cluster-replicated"):
+        cluster = StoreCluster(server, workdir, replicas=1 if shape == "cluster-replicated" else 0)
+        return cluster, cluster.url
+    if shape:
+        raise ValueError(f"unknown store {kind!r}")
+    return _store_service(kind, workdir)
 
 
 def _start_sims(
@@ -244,7 +384,7 @@ def run_stack(
     replicas: int = 1,
     store: str | None = None,
 ) -> Iterator[Stack]:
-    """Start sims, a store server (``store``: ``redis`` or ``valkey``), the processor replicas
+    """Start sims, a store (``store``: a ``store_server`` kind), the processor replicas
     and Envoy; stop them after.
 
     ``processor`` replaces the saar processor by another command given its gRPC port (the
@@ -256,7 +396,7 @@ def run_stack(
     """
     tmp = Path(workdir or tempfile.mkdtemp(prefix="saar-stack-"))
     tmp.mkdir(parents=True, exist_ok=True)
-    services: list[Service] = []
+    services: list[StoreProcess] = []
 
     def spawn(name: str, argv: Sequence[str],
               ready: Callable[[subprocess.Popen[bytes]], None]) -> Service:
@@ -267,9 +407,10 @@ def run_stack(
 
     try:
         config = copy.deepcopy(base_config)
-        store_service, store_url = None, None
+        store_service: StoreProcess | None = None
+        store_url = None
         if store is not None:
-            store_service, store_url = _store_service(store, tmp)
+            store_service, store_url = _store(store, tmp)
             services.append(store_service)
             store_service.start()
             config["state"] = {**config.get("state", {}), "store": "redis",
@@ -310,8 +451,8 @@ def run_stack(
                     access_log, processors, store_service, store_url, services,
                     envoy_ports.admin)
     finally:
-        for service in reversed(services):
-            service.close()
+        for started in reversed(services):
+            started.close()
 
 
 @dataclass

@@ -1,9 +1,12 @@
 """Prometheus metrics of the router, in a registry of their own (several routers can share a
-process in tests and in the evaluation matrix)."""
+process in tests and in the evaluation matrix); beside its own ``saar_*``, the upstream-named
+ones other gateways' dashboards read (``standard``)."""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from .standard import StandardMetrics
 
 _FAST = (0.000005, 0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.01)
 _COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -130,3 +133,6 @@ class Metrics:
             "worker answered 2xx; failed: an error or no answer in time; dropped: the queue was "
             "full)", ["kind", "outcome"], registry=r,
         )
+        self.standard = StandardMetrics(r)
+        """``inference_objective_*``, ``gen_ai_*`` and ``saar_tokens_total``
+        (``StandardFigures`` feeds them from the replay records)."""

@@ -25,11 +25,13 @@ from typing import TYPE_CHECKING
 
 import orjson
 
+from ..state.cluster import ClusterUrl, is_cluster_url
 from .metrics import Metrics
 from .replay import Record, ReplayStore, SessionKey, session_key
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
+    from redis.asyncio.cluster import RedisCluster
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +41,24 @@ TIMEOUT_SECONDS = 2.0
 BATCH = 500
 
 
+def connect(url: str) -> Redis | RedisCluster:
+    """redis-py's client of the state store at ``url`` (a cluster's for ``redis+cluster://``,
+    its seeds the nodes the URL names)."""
+    if is_cluster_url(url):
+        from redis.asyncio.cluster import ClusterNode, RedisCluster
+
+        parsed = ClusterUrl.parse(url)
+        return RedisCluster(startup_nodes=[ClusterNode(host, port) for host, port in parsed.seeds],
+                            username=parsed.username, password=parsed.password, ssl=parsed.tls)
+    from redis.asyncio import Redis
+
+    return Redis.from_url(url, decode_responses=False)
+
+
 class SharedReplay:
     def __init__(
         self,
-        redis: Redis,
+        redis: Redis | RedisCluster,
         metrics: Metrics,
         *,
         prefix: str,
@@ -138,8 +154,10 @@ class SharedReplay:
         ids = [i.decode() for found in lists for i in found]
         if not ids:
             return []
-        values = await asyncio.wait_for(
-            self._redis.mget([self._key("r", i) for i in ids]), TIMEOUT_SECONDS)
+        pipe = self._redis.pipeline(transaction=False)  # a cluster's keys sit in many slots
+        for i in ids:
+            pipe.get(self._key("r", i))
+        values = await asyncio.wait_for(pipe.execute(), TIMEOUT_SECONDS)
         records = [orjson.loads(v) for v in values if v is not None]
         return sorted(records, key=lambda r: r["time"])
 

@@ -1,7 +1,9 @@
 """What the service adds around the router's own records: who may read them (``AdminAuth``),
 where they are read from (``ReplayLookup``: this replica, then the shared store), the metrics
-derived from them (``Figures``), the shared store's writer, OpenTelemetry spans when configured,
-and the router-overhead timer on the ext_proc stream. ``app`` starts and stops it whole."""
+derived from them (``Figures``; the upstream-named ``StandardFigures``, and ``PoolGauges`` read
+from the worker registry at each scrape), the shared store's writer, OpenTelemetry spans when
+configured, and the router-overhead timer on the ext_proc stream. ``app`` starts and stops it
+whole."""
 
 from __future__ import annotations
 
@@ -11,13 +13,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+from prometheus_client import CollectorRegistry
 
 from ..assembly import Parts
 from ..config import Config
 from ..observability.figures import Figures
 from ..observability.metrics import Metrics
 from ..observability.replay import RecordListener
-from ..observability.shared_replay import ReplayLookup, SharedReplay
+from ..observability.shared_replay import ReplayLookup, SharedReplay, connect
+from ..observability.standard import PoolGauges, StandardFigures, pools_of
 from .admin import AdminAuth
 
 PROCESS_METHOD = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
@@ -32,6 +36,8 @@ class Telemetry:
     spans: Any = None
     """``RouteSpans`` when OpenTelemetry is on (typed loosely: never imported otherwise)."""
     interceptors: list[grpc.aio.ServerInterceptor] = field(default_factory=list)
+    gauges: tuple[CollectorRegistry, PoolGauges] | None = None
+    """(the metrics registry, the pool gauges registered in it until ``stop``)."""
 
     @classmethod
     def start(cls, config: Config, parts: Parts) -> Telemetry:
@@ -44,6 +50,9 @@ class Telemetry:
                           table=parts.table)
         parts.table.leaving(figures.left)
         listeners.append(figures)
+        listeners.append(StandardFigures.from_config(parts.metrics.standard, config))
+        gauges = PoolGauges(parts.pools.registry, pools_of(config))
+        parts.metrics.registry.register(gauges)
         shared = _shared(config, parts.metrics)
         if shared is not None:
             listeners.append(shared)
@@ -58,9 +67,13 @@ class Telemetry:
             parts.replay.subscribe(listener)
         auth = AdminAuth.from_config(config.admin, router.identity.tenant)
         return cls(auth, ReplayLookup(parts.replay, shared), figures, shared, spans,
-                   [OverheadTimer(parts.metrics)])
+                   [OverheadTimer(parts.metrics)], (parts.metrics.registry, gauges))
 
     async def stop(self) -> None:
+        if self.gauges is not None:
+            registry, gauges = self.gauges
+            registry.unregister(gauges)
+            self.gauges = None
         if self.shared is not None:
             await self.shared.stop()
         if self.spans is not None:
@@ -71,10 +84,8 @@ def _shared(config: Config, metrics: Metrics) -> SharedReplay | None:
     settings = config.observability.shared_replay
     if config.state.store != "redis" or not settings.enabled:
         return None
-    from redis.asyncio import Redis  # the redis client only when configured
-
     return SharedReplay(
-        Redis.from_url(config.state.redis_url, decode_responses=False), metrics,
+        connect(config.state.redis_url), metrics,
         prefix=config.state.key_prefix, ttl_seconds=settings.ttl_seconds,
         session_records=settings.session_records, flush_seconds=settings.flush_seconds,
         max_pending=settings.max_pending,

@@ -2,8 +2,8 @@
 
 Keys are namespaced and versioned (``{prefix}:v1:…``) and every one expires: a session record
 is a hash ``{v: version, d: record}`` that lives ``session_ttl`` after its last write; each owned
-id is its own string key (tenant-scoped) that lives ``owner_ttl``. Two Lua scripts make each call
-one round trip:
+id is its own string key (tenant-scoped) that lives ``owner_ttl``. On one server, two Lua
+scripts make each call one round trip:
 
 * ``load`` reads the session's record and the owners of the request's ids, and resolves a
   chain (a ``previous_response_id`` with no session header) to its session's record;
@@ -12,8 +12,12 @@ one round trip:
   writes are re-applied on it (``records.apply``: deltas, idempotent per replay id) and sent
   again, so racing replicas never undo a lock or count a switch twice.
 
-Redis Cluster is not supported (the scripts touch keys they derive); a primary with replicas
-behind Sentinel or a managed endpoint is.
+In a Redis / Valkey Cluster (``redis+cluster://``) a script may touch one slot only, so keys
+carry hash tags — ``…:s:{tenant/session}``, ``…:o:{tenant/id}``: a session's record is found
+from the session, an owner from its id alone — and each call is split by slot, every primary
+asked at once (``cluster``): a load reads the record and the owners in one round trip (a chain
+takes two: its owner, then its session's record); an apply runs the same compare-and-set
+script once per slot it writes.
 """
 
 from __future__ import annotations
@@ -22,8 +26,12 @@ import asyncio
 import contextlib
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+import xxhash
+
+from .cluster import ClusterClient, is_cluster_url, key_slot
 from .records import (
     Claim,
     Commit,
@@ -38,7 +46,7 @@ from .records import (
     unpack_owner,
     unpack_record,
 )
-from .resp import RespClient
+from .resp import Arg, Command, RespClient, RespError, Script
 from .store import Applied, Facts, Query
 
 SCHEMA = "v1"
@@ -46,33 +54,35 @@ MAX_CAS_ATTEMPTS = 16
 """Rounds of compare-and-set before giving up (the layer then keeps the writes for later):
 this replica's own writes to a session are serialised, so only other replicas race."""
 
-_LOAD = """
-local sp, op = ARGV[1], ARGV[2]
-local chain = tonumber(ARGV[3])
+_LOAD = Script("""
 local out = {}
-for i = 2, #KEYS do out[#out + 1] = redis.call('GET', op .. KEYS[i]) or '' end
-local key = KEYS[1]
+for i = 2, #KEYS do out[#out + 1] = redis.call('GET', KEYS[i]) or '' end
+local key, chained = KEYS[1], ''
+local chain = tonumber(ARGV[2])
 if key == '' and chain > 0 and out[chain] ~= '' then
   local owner = out[chain]
   local stop = string.find(owner, '\\0', 1, true)
-  if stop and stop > 1 then key = string.sub(owner, 1, stop - 1) end
+  if stop and stop > 1 then
+    chained = string.sub(owner, 1, stop - 1)
+    key = ARGV[1] .. chained
+  end
 end
 local record = {'0', ''}
 if key ~= '' then
-  local found = redis.call('HMGET', sp .. key, 'v', 'd')
+  local found = redis.call('HMGET', key, 'v', 'd')
   if found[1] then record = {found[1], found[2]} end
 end
-return {key, record[1], record[2], unpack(out)}
-"""
+return {chained, record[1], record[2], unpack(out)}
+""")
+"""One server only: a chain's session key is read from its owner, inside the script."""
 
-_APPLY = """
-local sp, op = ARGV[1], ARGV[2]
-local sttl, ottl = ARGV[3], ARGV[4]
-local n, m, k = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-local a = 8
+_APPLY = Script("""
+local sttl, ottl = ARGV[1], ARGV[2]
+local n, m, k = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local a = 6
 local conflicts = {}
 for i = 1, n do
-  local key = sp .. KEYS[i]
+  local key = KEYS[i]
   local current = redis.call('HGET', key, 'v') or '0'
   if current == ARGV[a] then
     redis.call('HSET', key, 'v', ARGV[a + 1], 'd', ARGV[a + 2])
@@ -85,36 +95,55 @@ for i = 1, n do
   a = a + 3
 end
 for j = 1, m do
-  redis.call('SET', op .. KEYS[n + j], ARGV[a], 'PX', ottl)
+  redis.call('SET', KEYS[n + j], ARGV[a], 'PX', ottl)
   a = a + 1
 end
-for j = 1, k do redis.call('DEL', sp .. KEYS[n + m + j]) end
+for j = 1, k do redis.call('DEL', KEYS[n + m + j]) end
 return conflicts
-"""
+""")
 
 
-_SEED = """
-local sp, op, sttl, ottl = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local n = tonumber(ARGV[5])
+_SEED = Script("""
+local sttl, ottl = ARGV[1], ARGV[2]
+local n = tonumber(ARGV[3])
 for i = 1, #KEYS do
   if i <= n then
-    local key = sp .. KEYS[i]
-    if redis.call('EXISTS', key) == 0 then
-      redis.call('HSET', key, 'v', '1', 'd', ARGV[5 + i])
-      redis.call('PEXPIRE', key, sttl)
+    if redis.call('EXISTS', KEYS[i]) == 0 then
+      redis.call('HSET', KEYS[i], 'v', '1', 'd', ARGV[3 + i])
+      redis.call('PEXPIRE', KEYS[i], sttl)
     end
   else
-    redis.call('SET', op .. KEYS[i], ARGV[5 + i], 'NX', 'PX', ottl)
+    redis.call('SET', KEYS[i], ARGV[3 + i], 'NX', 'PX', ottl)
   end
 end
 return #KEYS
-"""
+""")
 SEED_BATCH = 500
 """Keys per seeding script: a long script would hold up every other client of the store."""
 
 
+@dataclass(slots=True)
+class _Group:
+    """The writes of one script: all of them on one server, or those of one slot."""
+
+    sessions: list[tuple[str, str, list[Arg]]] = field(default_factory=list)
+    """(session key, its store key, [base version, version, packed record])."""
+    claims: list[tuple[str, bytes]] = field(default_factory=list)
+    forgets: list[str] = field(default_factory=list)
+
+    def command(self, ttls: tuple[str, str]) -> tuple[str, Command]:
+        keys = [*(key for _, key, _ in self.sessions), *(key for key, _ in self.claims),
+                *self.forgets]
+        args: list[Arg] = [*ttls, len(self.sessions), len(self.claims), len(self.forgets)]
+        for _, _, cas in self.sessions:
+            args += cas
+        args += [owner for _, owner in self.claims]
+        return keys[0], _APPLY.command(keys, args)
+
+
 class RedisStore:
-    """``Store`` over Redis / Valkey (``redis://`` or ``rediss://`` URL)."""
+    """``Store`` over Redis / Valkey: one server (``redis://``, ``rediss://``, ``unix://``) or
+    a cluster (``redis+cluster://``, ``rediss+cluster://``)."""
 
     def __init__(
         self,
@@ -125,9 +154,11 @@ class RedisStore:
         owner_ttl: float,
         max_known: int = 100_000,
     ) -> None:
-        self._redis = RespClient(url)
+        self._cluster = ClusterClient(url) if is_cluster_url(url) else None
+        self._redis = None if self._cluster is not None else RespClient(url)
         self._session_prefix = f"{prefix}:{SCHEMA}:s:"
         self._owner_prefix = f"{prefix}:{SCHEMA}:o:"
+        self._secret_key = f"{prefix}:{SCHEMA}:secret"
         self._ttls = (str(int(session_ttl * 1000)), str(int(owner_ttl * 1000)))
         self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
         """Session key → its lock and how many writers hold or wait for it."""
@@ -136,18 +167,82 @@ class RedisStore:
         compare-and-set, so the usual write needs no read first."""
         self._max_known = max_known
 
+    @property
+    def cluster(self) -> ClusterClient | None:
+        """The cluster client, when the store is a cluster."""
+        return self._cluster
+
+    # -- keys ------------------------------------------------------------------------------
+
+    def record_key(self, key: str) -> str:
+        """Where a session's record is kept; in a cluster the session is the hash tag."""
+        if self._cluster is None:
+            return self._session_prefix + key
+        return hash_tagged(self._session_prefix, key)
+
+    def owner_record_key(self, key: str) -> str:
+        """Where an id's owner is kept: found from the id alone (in a cluster, its slot)."""
+        if self._cluster is None:
+            return self._owner_prefix + key
+        return hash_tagged(self._owner_prefix, key)
+
+    def _slot(self, key: str) -> int:
+        return 0 if self._cluster is None else key_slot(key)
+
+    async def _run(self, commands: list[tuple[str, Command]]) -> list[Any]:
+        """Each ``(key, command)`` on the server holding ``key``, in one round trip; an error
+        reply raises."""
+        if self._cluster is not None:
+            replies = await self._cluster.execute(commands)
+        else:
+            assert self._redis is not None
+            replies = await self._redis.pipeline([command for _, command in commands])
+        for reply in replies:
+            if isinstance(reply, RespError):
+                raise reply
+        return replies
+
+    # -- Store -----------------------------------------------------------------------------
+
     async def load(self, query: Query) -> Facts:
-        keys = [query.session or "", *query.ids]
+        if self._cluster is not None:
+            return await self._load_slots(query)
+        keys = [self.record_key(query.session) if query.session else "",
+                *(self.owner_record_key(k) for k in query.ids)]
         chain = query.ids.index(query.chain) + 1 if query.chain in query.ids else 0
-        reply = await self._redis.script(
-            _LOAD, keys, [self._session_prefix, self._owner_prefix, chain]
-        )
-        key = reply[0].decode() or None
-        record = _record(reply[1], reply[2])
-        owners = {k: unpack_owner(v) for k, v in zip(query.ids, reply[3:], strict=True) if v}
+        ((chained, version, data, *owners),) = await self._run(
+            [(keys[0], _LOAD.command(keys, [self._session_prefix, chain]))])
+        return self._facts(query, chained.decode() or query.session, version, data, owners)
+
+    async def _load_slots(self, query: Query) -> Facts:
+        """A cluster's load: the record and the owners read at once from the primaries that
+        hold them; a chain, its owner first, then its session's record."""
+        commands: list[tuple[str, Command]] = []
+        if query.session:
+            key = self.record_key(query.session)
+            commands.append((key, ("HMGET", key, "v", "d")))
+        for id_key in query.ids:
+            key = self.owner_record_key(id_key)
+            commands.append((key, ("GET", key)))
+        replies = await self._run(commands) if commands else []
+        found, owners = (replies[0], replies[1:]) if query.session else ([None, None], replies)
+        session = query.session
+        if session is None and query.chain in query.ids:
+            owner = owners[query.ids.index(query.chain)]
+            session = unpack_owner(owner).session if owner else None
+            if session is not None:
+                key = self.record_key(session)
+                (found,) = await self._run([(key, ("HMGET", key, "v", "d"))])
+        return self._facts(query, session, found[0] or b"0", found[1] or b"",
+                           [owner or b"" for owner in owners])
+
+    def _facts(self, query: Query, key: str | None, version: bytes, data: bytes,
+               owners: Sequence[bytes]) -> Facts:
+        record = _record(version, data)
+        found = {k: unpack_owner(v) for k, v in zip(query.ids, owners, strict=True) if v}
         if key is not None:
             self._remember(key, record)
-        return Facts(key, None if record is None else record.copy(), owners)
+        return Facts(key, None if record is None else record.copy(), found)
 
     async def apply(self, writes: Sequence[Write], now: float) -> Applied:
         keys = sorted({w.turn.session_key for w in writes
@@ -178,6 +273,11 @@ class RedisStore:
                     del self._locks[key]
 
     async def _apply_all(self, writes: Sequence[Write], now: float) -> Applied:
+        """Compare-and-set rounds: one script per server (per slot in a cluster, sent to
+        every primary at once). In a cluster a session's record and the ids its answer
+        claimed land apart, an instant from each other; either order is safe, as the record
+        names the ids its last answer issued (``issued``) and a reader takes an owner from
+        either."""
         sessions: OrderedDict[str, list[Commit | Finish]] = OrderedDict()
         claims: list[tuple[str, bytes]] = []
         forgets: list[str] = []
@@ -194,18 +294,13 @@ class RedisStore:
         switches: list[tuple[str, str]] = []
         for _ in range(MAX_CAS_ATTEMPTS):
             planned = {key: _planned(bases[key], batch, now) for key, batch in sessions.items()}
-            args: list[Any] = [self._session_prefix, self._owner_prefix, *self._ttls,
-                               len(planned), len(claims), len(forgets)]
-            for key, (record, _) in planned.items():
-                base = bases[key]
-                args += [str(base.version if base else 0), str(record.version),
-                         pack_record(record)]
-            args += [owner for _, owner in claims]
-            keys = [*planned, *(key for key, _ in claims), *forgets]
-            conflicts = await self._redis.script(_APPLY, keys, args)
-            names = list(planned)
-            lost = {names[int(conflicts[i]) - 1]: _record(conflicts[i + 1], conflicts[i + 2])
-                    for i in range(0, len(conflicts), 3)}
+            groups = self._grouped(planned, bases, claims, forgets)
+            replies = await self._run([g.command(self._ttls) for g in groups.values()])
+            lost: dict[str, SessionRecord | None] = {}
+            for batch, conflicts in zip(groups.values(), replies, strict=True):
+                for i in range(0, len(conflicts), 3):
+                    name = batch.sessions[int(conflicts[i]) - 1][0]
+                    lost[name] = _record(conflicts[i + 1], conflicts[i + 2])
             for key, (record, moved) in planned.items():
                 if key not in lost:
                     self._remember(key, record)
@@ -220,41 +315,90 @@ class RedisStore:
             claims, forgets = [], []
         raise RuntimeError(f"compare-and-set kept losing on {list(sessions)}")
 
+    def _grouped(
+        self, planned: Mapping[str, tuple[SessionRecord, object]],
+        bases: Mapping[str, SessionRecord | None], claims: list[tuple[str, bytes]],
+        forgets: list[str],
+    ) -> dict[int, _Group]:
+        """The writes of one round by script: every write in one on one server, the writes
+        of each slot in one in a cluster."""
+        groups: dict[int, _Group] = {}
+        for key, (record, _) in planned.items():
+            base, stored = bases[key], self.record_key(key)
+            groups.setdefault(self._slot(stored), _Group()).sessions.append((key, stored, [
+                str(base.version if base else 0), str(record.version), pack_record(record)]))
+        for key, owner in claims:
+            stored = self.owner_record_key(key)
+            groups.setdefault(self._slot(stored), _Group()).claims.append((stored, owner))
+        for key in forgets:
+            stored = self.record_key(key)
+            groups.setdefault(self._slot(stored), _Group()).forgets.append(stored)
+        return groups
+
     async def seed(
         self, records: Mapping[str, SessionRecord], owners: Mapping[str, Owner] | None = None
     ) -> None:
-        sessions = list(records.items())
-        claims = list((owners or {}).items())
-        while sessions or claims:
-            batch, sessions = sessions[:SEED_BATCH], sessions[SEED_BATCH:]
-            room = SEED_BATCH - len(batch)
-            more, claims = claims[:room], claims[room:]
-            args: list[Any] = [self._session_prefix, self._owner_prefix, *self._ttls, len(batch),
-                               *(pack_record(r) for _, r in batch),
-                               *(pack_owner(o) for _, o in more)]
-            await self._redis.script(_SEED, [k for k, _ in batch] + [k for k, _ in more], args)
-            for key, _ in batch:
-                self._known.pop(key, None)  # the next write reads what is there now
+        groups: dict[int, tuple[list[tuple[str, bytes]], list[tuple[str, bytes]]]] = {}
+        for key, record in records.items():
+            stored = self.record_key(key)
+            groups.setdefault(self._slot(stored), ([], []))[0].append(
+                (stored, pack_record(record)))
+        for key, owner in (owners or {}).items():
+            stored = self.owner_record_key(key)
+            groups.setdefault(self._slot(stored), ([], []))[1].append(
+                (stored, pack_owner(owner)))
+        trip: list[tuple[str, Command]] = []
+        size = 0
+        for kept, claimed in groups.values():
+            while kept or claimed:
+                batch, kept = kept[:SEED_BATCH], kept[SEED_BATCH:]
+                room = SEED_BATCH - len(batch)
+                more, claimed = claimed[:room], claimed[room:]
+                keys = [k for k, _ in batch] + [k for k, _ in more]
+                args: list[Arg] = [*self._ttls, len(batch), *(v for _, v in batch),
+                                   *(v for _, v in more)]
+                trip.append((keys[0], _SEED.command(keys, args)))
+                size += len(keys)
+                if size >= SEED_BATCH:  # a round trip carries about SEED_BATCH keys
+                    await self._run(trip)
+                    trip, size = [], 0
+        if trip:
+            await self._run(trip)
+        for key in records:
+            self._known.pop(key, None)  # the next write reads what is there now
 
     async def shared_secret(self, fresh: bytes) -> tuple[bytes, bool]:
         """The secret every replica keys tenant hashes with (``fresh`` if none is kept yet),
         and whether it was missing: a store without it lost everything it held."""
-        key = f"{self._session_prefix[: -len('s:')]}secret"
-        created = await self._redis.call("SET", key, fresh, "NX")
-        kept = await self._redis.call("GET", key)
+        key = self._secret_key
+        created, kept = await self._run([(key, ("SET", key, fresh, "NX")), (key, ("GET", key))])
         return (kept if isinstance(kept, bytes) and kept else fresh), created is not None
 
     async def ping(self) -> None:
-        await self._redis.call("PING")
+        if self._cluster is not None:
+            await self._cluster.ping()
+        else:
+            await self._run([("", ("PING",))])
 
     async def close(self) -> None:
-        await self._redis.close()
+        if self._cluster is not None:
+            await self._cluster.close()
+        if self._redis is not None:
+            await self._redis.close()
 
     def _remember(self, key: str, record: SessionRecord | None) -> None:
         self._known[key] = record
         self._known.move_to_end(key)
         while len(self._known) > self._max_known:
             self._known.popitem(last=False)
+
+
+def hash_tagged(prefix: str, name: str) -> str:
+    """``prefix{name}``: the key's slot is ``name``'s. A name holding a brace would end the tag
+    early (and let a client pick its slots), so its tag is its hash, followed by the name."""
+    if "{" in name or "}" in name:
+        return f"{prefix}{{h-{xxhash.xxh3_64_hexdigest(name.encode())}}}{name}"
+    return f"{prefix}{{{name}}}"
 
 
 def _record(version: bytes, data: bytes) -> SessionRecord | None:

@@ -2,12 +2,13 @@
 
 The general-purpose client spends about 100 µs of Python per command on this machine (pool,
 locks, encoders); the request path makes two store calls per request, so that alone would cost
-more than the whole budget of the shared store. Here a command is one ``write`` of its encoded
-bytes and one future: every caller shares one connection, commands go out in call order and
-replies, which Redis sends in the same order, resolve the futures first in, first out (hiredis
-parses them in C). A caller that stops waiting (a timeout) leaves its future in the queue, so
-the next reply still finds its own. A lost connection fails every waiting call and the next
-call opens a new one.
+more than the whole budget of the shared store. Here a command — or a batch of them
+(``pipeline``) — is one ``write`` of its encoded bytes and one future per command: every caller
+shares one connection, commands go out in call order and replies, which Redis sends in the same
+order, resolve the futures first in, first out (hiredis parses them in C). A caller that stops
+waiting (a timeout) leaves its futures in the queue, cancelled, so the next reply still finds
+its own. A lost connection fails every waiting call and the next call opens a new one. A
+cluster's client (``cluster``) keeps one of these per primary.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import asyncio
 import hashlib
 import ssl
 from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlparse
 
@@ -24,8 +27,34 @@ import hiredis
 Arg = bytes | str | int | float
 
 
+Command = tuple[Arg, ...]
+ASKING: Command = ("ASKING",)
+"""Sent before a command a cluster redirected with ``ASK``: it holds for the next one only."""
+
+
 class RespError(Exception):
     """Redis answered with an error reply (``-ERR ...``)."""
+
+
+_SOURCES: dict[str, str] = {}
+"""SHA1 → source of every ``Script`` made: what a server answering ``NOSCRIPT`` is sent."""
+
+
+@dataclass(frozen=True)
+class Script:
+    """A Lua script, sent by its SHA1 (``EVALSHA``); whole (``EVAL``) to a server that has
+    not seen it yet (a new node, a restart, ``SCRIPT FLUSH``)."""
+
+    source: str
+    sha: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        sha = hashlib.sha1(self.source.encode()).hexdigest()
+        object.__setattr__(self, "sha", sha)
+        _SOURCES[sha] = self.source
+
+    def command(self, keys: Sequence[str], args: Sequence[Arg]) -> Command:
+        return ("EVALSHA", self.sha, len(keys), *keys, *args)
 
 
 class ConnectionLost(ConnectionError):
@@ -38,6 +67,14 @@ def encode(args: tuple[Arg, ...]) -> bytes:
         data = arg if isinstance(arg, bytes) else str(arg).encode()
         parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
     return b"".join(parts)
+
+
+def abandon(futures: Sequence[asyncio.Future[Any]]) -> None:
+    """The caller gives up on these replies: pending ones are cancelled (their replies, when
+    they come, are skipped), failed ones marked retrieved (never reported as lost)."""
+    for future in futures:
+        if not future.cancel() and not future.cancelled():
+            future.exception()
 
 
 class _Protocol(asyncio.Protocol):
@@ -78,7 +115,6 @@ class RespClient:
             raise ValueError(f"unsupported store URL {url!r}")
         self._protocol: _Protocol | None = None
         self._connecting: asyncio.Lock | None = None
-        self._scripts: dict[str, str] = {}
 
     async def call(self, *args: Arg) -> Any:
         protocol = await self._connected()
@@ -88,17 +124,51 @@ class RespClient:
         protocol.transport.write(encode(args))
         return await future
 
-    async def script(self, source: str, keys: list[str], args: list[Arg]) -> Any:
-        """EVALSHA, falling back to EVAL the first time a server has not seen the script."""
-        sha = self._scripts.get(source)
-        if sha is None:
-            sha = self._scripts[source] = hashlib.sha1(source.encode()).hexdigest()
+    async def pipeline(self, commands: Sequence[Command]) -> list[Any]:
+        """Send ``commands`` in one write; their replies in order, an error reply as its
+        ``RespError`` in place. A script the server has not seen (``NOSCRIPT``) is sent again
+        whole; a lost connection raises ``ConnectionLost``."""
+        return await self.collect(commands, await self.send(commands))
+
+    async def send(self, commands: Sequence[Command]) -> list[asyncio.Future[Any]]:
+        """Write ``commands`` (connecting first if need be) without waiting for the replies:
+        a caller writing to several servers sends to all before it collects from any."""
+        protocol = await self._connected()
+        assert protocol.transport is not None
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[Any]] = [loop.create_future() for _ in commands]
+        protocol.waiting.extend(futures)
+        protocol.transport.write(b"".join(encode(args) for args in commands))
+        return futures
+
+    async def collect(self, commands: Sequence[Command],
+                      futures: list[asyncio.Future[Any]]) -> list[Any]:
+        """The replies of ``send``'s ``futures``, as ``pipeline`` returns them."""
+        replies: list[Any] = []
         try:
-            return await self.call("EVALSHA", sha, len(keys), *keys, *args)
-        except RespError as exc:
-            if not str(exc).startswith("NOSCRIPT"):
-                raise
-        return await self.call("EVAL", source, len(keys), *keys, *args)
+            for future in futures:  # replies come in order: awaiting one by one costs nothing
+                try:
+                    replies.append(await future)
+                except RespError as exc:
+                    replies.append(exc)
+        except BaseException:
+            abandon(futures)
+            raise
+        unseen = [i for i, reply in enumerate(replies)
+                  if isinstance(reply, RespError) and str(reply).startswith("NOSCRIPT")
+                  and commands[i][1] in _SOURCES]
+        if unseen:
+            again: list[Command] = []
+            for i in unseen:
+                if i and commands[i - 1] == ASKING:  # a cluster's redirection holds for both
+                    again.append(ASKING)
+                again.append(("EVAL", _SOURCES[str(commands[i][1])], *commands[i][2:]))
+            answers = iter(await self.pipeline(again))
+            for i in unseen:
+                if i and commands[i - 1] == ASKING:
+                    next(answers)
+                replies[i] = next(answers)
+        return replies
 
     async def close(self) -> None:
         protocol, self._protocol = self._protocol, None

@@ -397,6 +397,15 @@ def test_state_store(rendered_all: dict[str, Manifest]) -> None:
                         "timeout_ms": 30}
 
 
+def test_a_cluster_url_reaches_the_config_and_passes_its_schema() -> None:
+    from extproc.config import parse_config
+
+    url = "redis+cluster://cache-0.cache.svc:6379,cache-1.cache.svc:6379"
+    config = service_config(render_chart({"redis": {"url": url}}), ROUTER)
+    assert config["state"]["redis_url"] == url
+    assert parse_config(config).state.redis_url == url
+
+
 def test_bundled_redis_only_when_asked_and_only_for_the_chart(
         rendered_all: dict[str, Manifest]) -> None:
     for name in ("default", "plaintext"):

@@ -75,6 +75,39 @@ def test_two_replicas_behind_one_envoy_keep_every_session(two_replicas):
     assert all(decisions(p.http) > 10 for p in stack.processors)
 
 
+def test_two_replicas_on_a_cluster_keep_every_tool_loop_on_its_worker(tmp_path):
+    """The shared state on a three-primary Redis Cluster: sessions' records and the ids' owners
+    spread over the primaries, Envoy balancing the streams over both replicas; every tool
+    result and chained response still reaches the model and worker that issued it, and a
+    replay id one replica gave resolves on the other (the shared replay on the cluster)."""
+    import asyncio
+
+    from extproc.observability.shared_replay import connect
+    from tests.e2e.conftest import get_json
+    from tests.state.conftest import holder, keys
+
+    with replicated(tmp_path, store="redis-cluster") as stack:
+        assert stack.store_url is not None and stack.store_url.startswith("redis+cluster://")
+        sessions = agents(stack.url, 12, "cluster")
+        play(sessions, 6)
+        assert_continuity(stack, sessions)
+        assert all(decisions(p.http) > 10 for p in stack.processors)
+
+        async def spread() -> tuple[int, int]:
+            client = connect(stack.store_url or "")
+            stored = await keys(client, "saar:v1:*")
+            holders = {await holder(client, await client.cluster_keyslot(key))
+                       for key in stored if ":s:{" in key}
+            await client.aclose()
+            return len([k for k in stored if ":s:{" in k]), len(holders)
+
+        records, primaries = asyncio.run(spread())
+        assert records >= len(sessions) and primaries == 3
+        last = sessions[0].served[-1].replay_id
+        for processor in stack.processors:
+            assert get_json(f"{processor.http}/v1/replay/{last}")["replay_id"] == last
+
+
 def race_chat(url: str, session: str) -> tuple[dict[str, str], dict[str, str]]:
     client = OpenAI(base_url=f"{url}/v1", api_key=f"key-{session}",
                     default_headers={"x-session-id": session})

@@ -1,6 +1,6 @@
-"""Replay records shared by replicas (``state.store: redis``), against a real Valkey server: an
-id one replica gave resolves on another, a session's records merge across replicas, tenants
-stay apart, and the store and the write queue stay bounded."""
+"""Replay records shared by replicas (``state.store: redis``), against a real Valkey server and a
+real Valkey Cluster: an id one replica gave resolves on another, a session's records merge
+across replicas, tenants stay apart, and the store and the write queue stay bounded."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from dataclasses import replace
 import httpx
 import orjson
 import pytest
-from redis.asyncio import Redis
 
 from extproc.config import Admin, SharedReplay, State
 from extproc.core.router import LocalDriver
 from extproc.dev.harness import store_server
 from extproc.observability.metrics import Metrics
 from extproc.observability.shared_replay import SharedReplay as Writer
+from extproc.observability.shared_replay import connect
 from extproc.service.app import start
 from extproc.types import Api, ResponseSummary
 
@@ -27,9 +27,9 @@ BODY = orjson.dumps({"model": "auto", "messages": [{"role": "user", "content": "
 KEPT = 4
 
 
-@pytest.fixture(scope="module")
-def valkey(tmp_path_factory):
-    with store_server("valkey", tmp_path_factory.mktemp("valkey")) as (_, url):
+@pytest.fixture(scope="module", params=["valkey", "valkey-cluster"])
+def valkey(request, tmp_path_factory):
+    with store_server(request.param, tmp_path_factory.mktemp(request.param)) as (_, url):
         yield url
 
 
@@ -77,7 +77,7 @@ async def test_an_id_from_one_replica_resolves_on_another(config, valkey, tmp_pa
                 lambda: http.get("/v1/replay?session_id=across", headers=ADMIN),
                 lambda r: len(r.json()["records"]) == 2)
             assert [r["replay_id"] for r in listed.json()["records"]] == [first, second]
-        redis = Redis.from_url(valkey)
+        redis = connect(valkey)
         try:
             for _ in range(KEPT + 2):
                 _route(a, ALICE, "long")
@@ -105,7 +105,7 @@ async def test_without_a_shared_store_nothing_is_shared(config):
 
 async def test_the_write_queue_is_bounded_and_drops_the_oldest(valkey):
     metrics = Metrics()
-    writer = Writer(Redis.from_url(valkey), metrics, prefix="bounded", ttl_seconds=60,
+    writer = Writer(connect(valkey), metrics, prefix="bounded", ttl_seconds=60,
                     session_records=KEPT, flush_seconds=1, max_pending=3)
     records = [{"replay_id": f"rp-{i}", "time": float(i), "session": {"id": "s", "tenant": "t"}}
                for i in range(5)]

@@ -1,30 +1,34 @@
-"""Real store servers for the state tests: redis-server and valkey-server on free ports, started
-by the fixtures (``make install`` installs both; a missing one fails, it is never skipped)."""
+"""Real store servers for the state tests: redis-server and valkey-server on free ports, one
+server or a three-primary cluster of each, started by the fixtures (``make install`` installs
+both; a missing one fails, it is never skipped)."""
 
 from __future__ import annotations
 
 import contextlib
 import itertools
 from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
 
 import pytest
 
-from extproc.dev.harness import Service, store_server
+from extproc.dev.harness import StoreCluster, StoreProcess, store_server
 from extproc.state.redis import RedisStore
 
-SERVERS = ("redis", "valkey")
+SINGLE = ("redis", "valkey")
+CLUSTERS = ("redis-cluster", "valkey-cluster")
+SERVERS = (*SINGLE, *CLUSTERS)
 _prefixes = itertools.count()
 
-Servers = Callable[[str], tuple[Service, str]]
+Servers = Callable[[str], tuple[StoreProcess, str]]
 
 
 @pytest.fixture(scope="session")
 def servers(tmp_path_factory) -> Iterator[Servers]:
     """kind → (the server process, its URL), each started once for the session on demand."""
     with contextlib.ExitStack() as stack:
-        running: dict[str, tuple[Service, str]] = {}
+        running: dict[str, tuple[StoreProcess, str]] = {}
 
-        def get(kind: str) -> tuple[Service, str]:
+        def get(kind: str) -> tuple[StoreProcess, str]:
             if kind not in running:
                 running[kind] = stack.enter_context(
                     store_server(kind, tmp_path_factory.mktemp(kind)))
@@ -34,7 +38,7 @@ def servers(tmp_path_factory) -> Iterator[Servers]:
 
 
 @pytest.fixture(params=SERVERS)
-def server(request, servers: Servers) -> tuple[Service, str]:
+def server(request, servers: Servers) -> tuple[StoreProcess, str]:
     return servers(request.param)
 
 
@@ -54,3 +58,26 @@ async def shared(server, prefix) -> AsyncIterator[RedisStore]:
     store = redis_store(server[1], prefix)
     yield store
     await store.close()
+
+
+def clustered(server: tuple[StoreProcess, str]) -> bool:
+    return isinstance(server[0], StoreCluster)
+
+
+async def keys(client: Any, pattern: str) -> list[str]:
+    """Every key matching ``pattern``, on every primary of a cluster."""
+    if hasattr(client, "get_primaries"):
+        await client.initialize()  # the cluster's nodes are known only once it has read them
+        found = await client.keys(pattern, target_nodes=client.get_primaries())
+    else:
+        found = await client.keys(pattern)
+    return sorted(k.decode() for k in found)
+
+
+async def holder(client: Any, slot: int) -> tuple[str, int]:
+    """The primary serving ``slot``, as the cluster itself says (``CLUSTER SLOTS``)."""
+    for (start, end), served in (await client.cluster_slots()).items():
+        if start <= slot <= end:
+            host, port = served["primary"]
+            return host, int(port)
+    raise AssertionError(f"slot {slot} is not served")

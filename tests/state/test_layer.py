@@ -1,4 +1,5 @@
-"""The state layer in front of a real Redis / Valkey: timeouts, an outage, the write-back."""
+"""The state layer in front of a real Redis / Valkey, one server or a cluster: timeouts, an
+outage, the write-back."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from extproc.dev.harness import Service, store_server
+from extproc.dev.harness import StoreProcess, store_server
 from extproc.observability.metrics import Metrics
 from extproc.state.layer import StateLayer
 from extproc.state.memory import MemoryStore
@@ -37,8 +38,8 @@ def layer(url: str, prefix: str, metrics: Metrics | None = None) -> StateLayer:
 
 
 @pytest.fixture(params=SERVERS)
-async def restartable(request, tmp_path) -> AsyncIterator[tuple[Service, str]]:
-    """A server of this test's own, to stop and start again on the same port."""
+async def restartable(request, tmp_path) -> AsyncIterator[tuple[StoreProcess, str]]:
+    """A server (or cluster) of this test's own, to stop and start again on the same ports."""
     with store_server(request.param, tmp_path) as running:
         yield running
 
@@ -60,9 +61,9 @@ async def test_a_layer_without_a_shared_store_is_the_local_store():
     assert state.up
 
 
-async def test_a_new_replica_serves_the_locks_from_its_first_request(servers, prefix):
+async def test_a_new_replica_serves_the_locks_from_its_first_request(server, prefix):
     """Warm start: whatever one replica wrote, a replica started later loads."""
-    url = servers("redis")[1]
+    url = server[1]
     first = layer(url, prefix)
     first.start()
     await first.apply([Commit(turn(1)), claim("call_1", "m2")])
@@ -74,8 +75,8 @@ async def test_a_new_replica_serves_the_locks_from_its_first_request(servers, pr
     await fresh.stop()
 
 
-async def test_sent_writes_reach_the_store_in_order(servers, prefix):
-    url = servers("valkey")[1]
+async def test_sent_writes_reach_the_store_in_order(server, prefix):
+    url = server[1]
     state, reader = layer(url, prefix), layer(url, prefix)
     state.start()
     for n in range(1, 6):
@@ -148,12 +149,12 @@ async def test_sessions_with_writes_waiting_are_served_from_the_local_copy(resta
     await state.stop()
 
 
-async def test_replicas_share_one_tenant_secret(servers, prefix, tmp_path):
+async def test_replicas_share_one_tenant_secret(server, prefix, tmp_path):
     from extproc.config import parse_config
     from tests.conftest import session_config_data
 
     config = parse_config(session_config_data())
-    url = servers("redis")[1]
+    url = server[1]
     one, two = layer(url, prefix), layer(url, prefix)
     secret = await one.tenant_secret(config)
     assert secret is not None and len(secret) == 32
@@ -190,10 +191,10 @@ def slow_layer(url: str, prefix: str, calls: int) -> tuple[StateLayer, Slow]:
     return state, slow
 
 
-async def test_one_slow_answer_does_not_stop_the_writes_other_replicas_read(servers, prefix):
+async def test_one_slow_answer_does_not_stop_the_writes_other_replicas_read(server, prefix):
     """The lock loss seen under load: a replica that stopped writing after one timeout left
     its commits invisible to the other replica. One slow call keeps the store in use."""
-    url = servers("valkey")[1]
+    url = server[1]
     (mine, _), other = slow_layer(url, prefix, calls=1), layer(url, prefix)
     mine.start()
     await mine.apply([Commit(turn(1))])  # slow: served locally, sent again later
@@ -210,17 +211,17 @@ async def test_one_slow_answer_does_not_stop_the_writes_other_replicas_read(serv
     await other.stop()
 
 
-async def test_slow_answers_in_a_row_mark_the_store_down(servers, prefix):
+async def test_slow_answers_in_a_row_mark_the_store_down(server, prefix):
     from extproc.state.layer import TRIP_TIMEOUTS
 
-    state, slow = slow_layer(servers("redis")[1], prefix, calls=10**6)
+    state, slow = slow_layer(server[1], prefix, calls=10**6)
     state.start()
     for n in range(TRIP_TIMEOUTS):
         await state.apply([Commit(turn(n + 1))])
     assert not state.up
     slow.calls = 0
     await wait_for(lambda: state.up)  # the store answers again: back, backlog written
-    assert (await layer(servers("redis")[1], prefix).load(Query("t/s"))).session.turns == 3
+    assert (await layer(server[1], prefix).load(Query("t/s"))).session.turns == 3
     await state.stop()
 
 

@@ -1,4 +1,5 @@
-"""The store contract, run against every store: in-process, Redis and Valkey (real servers)."""
+"""The store contract, run against every store: in-process, Redis and Valkey (real servers), one
+server and a three-primary cluster of each."""
 
 from __future__ import annotations
 
@@ -6,12 +7,13 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from extproc.observability.shared_replay import connect
 from extproc.state.memory import MemoryStore
 from extproc.state.records import Claim, Commit, Finish, Forget, Owner, Turn, owner_key
 from extproc.state.store import Query, Store
 from extproc.types import Phase, Usage
 from tests.conftest import FakeClock
-from tests.state.conftest import SERVERS, redis_store
+from tests.state.conftest import CLUSTERS, SERVERS, clustered, holder, keys, redis_store
 
 
 def turn(n: int, session: str = "t/s", model: str = "m1", switched: bool = False) -> Turn:
@@ -100,15 +102,38 @@ def test_memory_store_expires_sessions_and_owners():
 
 
 async def test_redis_keys_are_namespaced_versioned_and_expire(server, prefix, clock):
-    from redis.asyncio import Redis
-
     store = redis_store(server[1], prefix, session_ttl=30, owner_ttl=90)
     await store.apply([Commit(turn(1)), Claim((owner_key("t", "c"),), Owner("m"))], clock())
-    client = Redis.from_url(server[1])
-    keys = sorted(k.decode() for k in await client.keys(f"{prefix}:*"))
-    assert keys == [f"{prefix}:v1:o:t/c", f"{prefix}:v1:s:t/s"]
-    assert 0 < await client.pttl(f"{prefix}:v1:s:t/s") <= 30_000
-    assert 30_000 < await client.pttl(f"{prefix}:v1:o:t/c") <= 90_000
+    client = connect(server[1])
+    owner, session = ((f"{prefix}:v1:o:{{t/c}}", f"{prefix}:v1:s:{{t/s}}") if clustered(server)
+                      else (f"{prefix}:v1:o:t/c", f"{prefix}:v1:s:t/s"))
+    assert await keys(client, f"{prefix}:*") == [owner, session]
+    assert 0 < await client.pttl(session) <= 30_000
+    assert 30_000 < await client.pttl(owner) <= 90_000
+    await client.aclose()
+    await store.close()
+
+
+@pytest.mark.parametrize("kind", CLUSTERS)
+async def test_a_cluster_spreads_sessions_over_its_primaries_and_no_client_picks_a_slot(
+        kind, servers, prefix, clock):
+    """Hash tags put each session's record in the slot of its own name, so sessions spread
+    over every primary; a session id holding braces cannot choose the slot (a naive tag would
+    put all of these in the slot of ``same``)."""
+    url = servers(kind)[1]
+    store = redis_store(url, prefix)
+    named = [f"t/s{n}" for n in range(30)] + [f"t/{{same}}{n}" for n in range(30)]
+    await store.apply([Commit(turn(1, session=name)) for name in named], clock())
+    for name in named:
+        assert (await store.load(Query(name))).session.turns == 1
+    client = connect(url)
+    stored = await keys(client, f"{prefix}:*")
+    assert len(stored) == len(named)
+    slots = {key: await client.cluster_keyslot(key) for key in stored}  # the server's CRC16
+    braced = {slot for key, slot in slots.items() if "same" in key}
+    assert len(braced) > 10
+    holders = {await holder(client, slot) for slot in slots.values()}
+    assert len(holders) == 3  # every primary holds sessions
     await client.aclose()
     await store.close()
 
