@@ -55,6 +55,7 @@ POLICY_KNOBS: dict[str, dict[str, Any]] = {
     "no_drift_reset": {"decision_drift_reset": False},
     "no_idle_reset": {"idle_reset": False},
     "no_switch_pricing": {"switch_pricing": False},
+    "no_step_down_pricing": {"step_down_pricing": False},
 }
 
 POLICIES: tuple[str, ...] = tuple(POLICY_KNOBS)
