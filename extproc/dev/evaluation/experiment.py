@@ -56,7 +56,7 @@ REQUIRED = ("MODELS", "SCENARIOS", "DEFAULT_SCENARIOS", "simulate_workload", "su
 TIERS = ("light", "mid", "frontier")
 """``x-demand-tier`` of their models, in their ``MODELS`` order (cheapest first)."""
 THEIR_POLICIES = ("acr-full", "acr-no-tool-lock")
-OUR_POLICIES = ("single_turn", "saar", "no_tool_lock")
+OUR_POLICIES = ("single_turn", "saar", "no_tool_lock", "no_step_down_pricing")
 NEW_TASK = "New task: take the next item of the backlog."
 CARRY_ON = "Go on with the current task."
 """What the user asks after the pasted context (the router reads the end of the turn)."""
@@ -67,8 +67,9 @@ _TOOLS = orjson.dumps([{"type": "function", "name": TOOL, "description": "Run a 
 Row = dict[str, Any]
 
 
-class ScriptError(RuntimeError):
-    """Their script cannot be loaded or no longer has what the run relies on."""
+class ExperimentError(ValueError):
+    """The run cannot be made as asked: their script is missing or no longer has what the run
+    relies on, or it has no such scenario."""
 
 
 def load_script(path: str | Path) -> ModuleType:
@@ -76,13 +77,13 @@ def load_script(path: str | Path) -> ModuleType:
     path = Path(path)
     spec = importlib.util.spec_from_file_location("semantic_router_experiment", path)
     if not path.is_file() or spec is None or spec.loader is None:
-        raise ScriptError(f"{path}: no such Python file")
+        raise ExperimentError(f"{path}: no such Python file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # their dataclasses resolve annotations through it
     spec.loader.exec_module(module)
     missing = [name for name in REQUIRED if not hasattr(module, name)]
     if missing:
-        raise ScriptError(f"{path} lacks {', '.join(missing)}: not their experiment script")
+        raise ExperimentError(f"{path} lacks {', '.join(missing)}: not their experiment script")
     return module
 
 
@@ -95,7 +96,7 @@ def experiment_config(script: ModuleType, prior: float) -> Config:
         if price is None or (price.prompt, price.cached_input, price.completion) != (
             profile.prompt_per_1m, profile.cached_per_1m, profile.completion_per_1m
         ):
-            raise ScriptError(f"their model {profile.name} is not priced as {CONFIG_PATH.name}")
+            raise ExperimentError(f"their model {profile.name} is not priced as {CONFIG_PATH.name}")
     decisions = tuple(
         replace(d, algorithm=replace(d.algorithm, session_aware=replace(
             d.algorithm.session_aware, remaining_turn_prior=prior)))
@@ -124,7 +125,7 @@ class Judge:
         if round(self.cost(row["baseline_model"], prompt, 0.0, completion), 8) != float(
             row["baseline_cost"]
         ):
-            raise ScriptError("their baseline cost no longer follows from their turn_cost")
+            raise ExperimentError("their baseline cost no longer follows from their turn_cost")
         return prompt, completion
 
     def cached_ratio(self, model: str, row: Row, switched: bool) -> float:
@@ -133,6 +134,12 @@ class Judge:
 
     def cost(self, model: str, prompt: int, ratio: float, completion: int) -> float:
         return float(self.script.turn_cost(self.profile(model), prompt, ratio, completion))
+
+    def usage(self, row: Row, model: str, previous: str) -> Usage:
+        """What ``model`` reports serving turn ``row``: their tokens, their cache estimate."""
+        prompt, completion = self.tokens(row)
+        ratio = self.cached_ratio(model, row, model != previous)
+        return Usage(prompt, completion, int(prompt * ratio))
 
     def served(self, row: Row, model: str, previous: str, reason: str) -> Row:
         """``row`` with the served-model columns theirs fill for their policy, for ``model``."""
@@ -175,7 +182,7 @@ class Judge:
                 previous = self.script.MODELS[0].name
             again = self.served(row, row["agentic_model"], previous, "")
             if again["agentic_cost"] != row["agentic_cost"]:
-                raise ScriptError(f"their cost of {row['session_id']} turn {row['turn']} "
+                raise ExperimentError(f"their cost of {row['session_id']} turn {row['turn']} "
                                   "differs from ours of the same turn")
             previous = row["agentic_model"]
 
@@ -271,15 +278,10 @@ def play(script: ModuleType, policy: str, rows: list[Row], tenant: str, prior: f
             headers, raw = conversation.request(row)
             routed = driver.route(Api.RESPONSES, headers, raw)
             record = router.replay.get(routed.replay_id) or {}
-            served = judge.served(row, routed.model, previous, record.get("reason", ""))
-            prompt, completion = judge.tokens(row)
-            cached = int(prompt * float(judge.cached_ratio(routed.model, row, served[
-                "agentic_switch"])))
+            out.append(judge.served(row, routed.model, previous, record.get("reason", "")))
             calls = index + 1 < len(turns) and turns[index + 1]["phase"] == "tool_loop"
-            answer = conversation.answer(row, routed.model, calls,
-                                         Usage(prompt, completion, cached))
-            driver.respond(routed, answer)
-            out.append(served)
+            usage = judge.usage(row, routed.model, previous)
+            driver.respond(routed, conversation.answer(row, routed.model, calls, usage))
             previous = routed.model
     return out
 
@@ -318,6 +320,10 @@ def run_experiment(spec: Spec, jobs: int = 1) -> dict[str, Any]:
     script = load_script(spec.script)
     judge = Judge(script)
     scenarios = spec.scenarios or tuple(script.DEFAULT_SCENARIOS)
+    unknown = [s for s in scenarios if s not in script.SCENARIOS]
+    if unknown:
+        raise ExperimentError(f"no scenario {', '.join(unknown)} in {spec.script}; theirs: "
+                              f"{', '.join(sorted(script.SCENARIOS))}")
     theirs = {p: {s: their_rows(script, spec, s, p) for s in scenarios} for p in THEIR_POLICIES}
     for rows in theirs["acr-full"].values():
         judge.check(rows)
