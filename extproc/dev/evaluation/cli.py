@@ -56,8 +56,21 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
         "no_step_down_pricing)",
     )
     parser.add_argument(
+        "--knob", action="append", type=_knob, default=[], metavar="NAME=VALUE",
+        help="a SAAR knob in every decision (repeatable), e.g. return_rate=0.4",
+    )
+    parser.add_argument(
         "--jobs", type=int, default=os.cpu_count() or 1, help="pieces run in parallel processes"
     )
+
+
+def _knob(text: str) -> tuple[str, object]:
+    import yaml
+
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError(f"not NAME=VALUE: {text!r}")
+    return name.strip(), yaml.safe_load(value)
 
 
 def _integers(text: str) -> tuple[int, ...]:
@@ -87,7 +100,8 @@ def run_experiment(args: argparse.Namespace) -> int:
         spec = replace(spec, seeds=args.seeds)
     if args.scenarios:
         spec = replace(spec, scenarios=tuple(args.scenarios.split(",")))
-    spec = replace(spec, sessions=args.sessions or spec.sessions, turns=args.turns or spec.turns)
+    spec = replace(spec, sessions=args.sessions or spec.sessions, turns=args.turns or spec.turns,
+                   knobs=tuple(args.knob))
     started = time.perf_counter()
     try:
         summary = run_it(spec, jobs=args.jobs)

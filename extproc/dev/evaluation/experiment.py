@@ -37,8 +37,9 @@ from typing import Any
 
 import orjson
 import xxhash
+from pydantic import ValidationError
 
-from ...config import Config, load_config
+from ...config import Config, SessionAware, load_config
 from ...core.router import LocalDriver
 from ...types import Api, ResponseSummary, Usage
 from .policies import build_router
@@ -87,8 +88,9 @@ def load_script(path: str | Path) -> ModuleType:
     return module
 
 
-def experiment_config(script: ModuleType, prior: float) -> Config:
-    """Our mapping config, checked against their models, with their remaining-turn prior."""
+def experiment_config(script: ModuleType, knobs: Mapping[str, Any]) -> Config:
+    """Our mapping config, checked against their models, with ``knobs`` (their scenario's
+    remaining-turn prior, the user's settings) in every decision's SAAR block."""
     config = load_config(CONFIG_PATH)
     for profile in script.MODELS:
         ours = config.models.get(profile.name)
@@ -99,7 +101,7 @@ def experiment_config(script: ModuleType, prior: float) -> Config:
             raise ExperimentError(f"their model {profile.name} is not priced as {CONFIG_PATH.name}")
     decisions = tuple(
         replace(d, algorithm=replace(d.algorithm, session_aware=replace(
-            d.algorithm.session_aware, remaining_turn_prior=prior)))
+            d.algorithm.session_aware, **knobs)))
         for d in config.routing.decisions
     )
     return replace(config, routing=replace(config.routing, decisions=decisions))
@@ -262,11 +264,13 @@ def sessions(rows: Iterable[Row]) -> Iterator[list[Row]]:
     yield from grouped.values()
 
 
-def play(script: ModuleType, policy: str, rows: list[Row], tenant: str, prior: float) -> list[Row]:
+def play(
+    script: ModuleType, policy: str, rows: list[Row], tenant: str, knobs: Mapping[str, Any]
+) -> list[Row]:
     """Their turns of one scenario and seed through one fresh router running ``policy``."""
     judge = Judge(script)
     clock = VirtualClock()
-    router = build_router(experiment_config(script, prior), policy, clock)
+    router = build_router(experiment_config(script, knobs), policy, clock)
     driver = LocalDriver(router)
     tiers = {m.name: tier for m, tier in zip(script.MODELS, TIERS, strict=True)}
     out = []
@@ -296,6 +300,11 @@ class Spec:
     scenarios: tuple[str, ...] | None = None
     """None: their ``DEFAULT_SCENARIOS``."""
     policies: tuple[str, ...] = OUR_POLICIES
+    knobs: tuple[tuple[str, Any], ...] = ()
+    """SAAR knobs set in every decision, over the scenario's ``remaining_turn_prior``."""
+
+    def knobs_for(self, workload: Any) -> dict[str, Any]:
+        return {"remaining_turn_prior": float(workload.remaining_turn_prior), **dict(self.knobs)}
 
 
 def their_rows(script: ModuleType, spec: Spec, scenario: str, policy: str) -> list[Row]:
@@ -311,7 +320,7 @@ def run_piece(spec: Spec, scenario: str, policy: str) -> list[Row]:
     out = []
     for seed in spec.seeds:
         rows = script.simulate_workload(spec.sessions, spec.turns, seed, workload)
-        out += play(script, policy, rows, f"{scenario}-{seed}", workload.remaining_turn_prior)
+        out += play(script, policy, rows, f"{scenario}-{seed}", spec.knobs_for(workload))
     return out
 
 
@@ -324,6 +333,10 @@ def run_experiment(spec: Spec, jobs: int = 1) -> dict[str, Any]:
     if unknown:
         raise ExperimentError(f"no scenario {', '.join(unknown)} in {spec.script}; theirs: "
                               f"{', '.join(sorted(script.SCENARIOS))}")
+    try:
+        replace(SessionAware(), **dict(spec.knobs))
+    except (TypeError, ValidationError) as error:
+        raise ExperimentError(f"knobs {dict(spec.knobs)}: {error}") from None
     theirs = {p: {s: their_rows(script, spec, s, p) for s in scenarios} for p in THEIR_POLICIES}
     for rows in theirs["acr-full"].values():
         judge.check(rows)

@@ -4,6 +4,7 @@ models are worked out by hand (see the comments), judged by the stand-in's own s
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -122,6 +123,15 @@ def test_without_step_down_pricing_sessions_step_down_and_back(summary: dict) ->
         ours = summary["policies"]["ours/no_step_down_pricing"]["by_scenario"][scenario]
         assert (ours["switches"], ours["quality"]) == (_switches(served), _quality(served))
         assert ours["cost_usd"] == pytest.approx(_cost(served))
+
+
+def test_knobs_reach_every_decision(summary: dict) -> None:
+    off = run_experiment(replace(SPEC, policies=("saar",), knobs=(("step_down_pricing", False),)))
+    assert off["policies"]["ours/saar"] == summary["policies"]["ours/no_step_down_pricing"]
+    with pytest.raises(ExperimentError, match="return_rate"):
+        run_experiment(replace(SPEC, knobs=(("return_rate", 2.0),)))
+    with pytest.raises(ExperimentError, match="clairvoyance"):
+        run_experiment(replace(SPEC, knobs=(("clairvoyance", 1.0),)))
 
 
 def test_the_harness_sends_real_requests() -> None:
