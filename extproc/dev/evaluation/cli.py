@@ -84,8 +84,9 @@ def _integers(text: str) -> tuple[int, ...]:
 
 
 def run_experiment(args: argparse.Namespace) -> int:
-    from .experiment import ExperimentError, Spec, table
+    from .experiment import ExperimentError, Spec
     from .experiment import run_experiment as run_it
+    from .experiment_report import table
     from .policies import POLICIES
 
     spec = Spec(args.script)
