@@ -181,6 +181,12 @@ def _eval_matrix(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _eval_experiment(args: argparse.Namespace) -> int:
+    from .dev.evaluation.cli import run_experiment
+
+    return run_experiment(args)
+
+
 def _simulate(args: argparse.Namespace) -> int:
     from .dev.clustersim.runner import run
 
@@ -315,6 +321,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_matrix_arguments(matrix)
     matrix.set_defaults(func=_eval_matrix)
+    experiment = eval_sub.add_parser(
+        "experiment",
+        help="vLLM Semantic Router's agentic-routing experiment (their script, workload and "
+        "judge) through our router",
+    )
+    from .dev.evaluation.cli import add_experiment_arguments
+
+    add_experiment_arguments(experiment)
+    experiment.set_defaults(func=_eval_experiment)
 
     simulate = sub.add_parser(
         "simulate", help="discrete-event simulation of routing policies on agentic traffic"

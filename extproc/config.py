@@ -129,7 +129,7 @@ class Model:
 
 @dataclass(frozen=True, config=_SCHEMA)
 class SessionAware:
-    """SAAR's knobs, with the defaults of vLLM Semantic Router."""
+    """SAAR's knobs, with the defaults of vLLM Semantic Router; the last three are ours."""
 
     base_method: Literal["hybrid"] = "hybrid"
     idle_timeout_seconds: NonNegative = 300.0
@@ -151,6 +151,19 @@ class SessionAware:
     switch_history_weight: NonNegative = 0.04
     remaining_turn_prior_weight: NonNegative = 1.0
     remaining_turn_prior_horizon: AtLeastOne = 8
+    remaining_turn_prior: Annotated[Number, Field(ge=0, le=10_000)] = 0.0
+    """Turns a session of this decision is expected to run after its first (Semantic Router's
+    ``remaining_turn_prior``: the mean session length − 1). At a session's turn ``t`` it expects
+    ``max(0, prior − t)`` more; 0 (unknown): as many as the session has run, up to the horizon."""
+    step_down_pricing: StrictBool = True
+    """With ``switch_pricing``: a move to a weaker model must pay for itself, its saving over
+    the expected remaining turns exceeding the cache it throws away and its quality risk (also
+    at an idle boundary, where nothing cached is lost any more)."""
+    return_rate: Fraction = 0.3
+    """Chance per remaining turn that a session which leaves a model for a weaker one needs the
+    stronger one again (hard turns come in runs). A step-down's quality risk is the chance of at
+    least one such turn, ``1 − (1 − rate)^remaining``, times the fit that turn loses on the weaker
+    model, priced at the rate the hybrid score trades fit for price."""
 
 
 @dataclass(frozen=True, config=_SCHEMA)

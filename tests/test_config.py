@@ -68,6 +68,14 @@ def test_validation_names_file_and_key(example_data, mutate, message):
          "scheduling.admission.pause_threshold: must be above resume_target (0.8)"),
         (lambda d: d["memory"].update(max_sessions=0),
          "memory.max_sessions: must be greater than or equal to 1, got 0"),
+        (lambda d: d["routing"]["decisions"][0]["algorithm"]["session_aware"].update(
+            return_rate=1.5),
+         "routing.decisions[0].algorithm.session_aware.return_rate: "
+         "must be less than or equal to 1, got 1.5"),
+        (lambda d: d["routing"]["decisions"][0]["algorithm"]["session_aware"].update(
+            remaining_turn_prior=-2),
+         "routing.decisions[0].algorithm.session_aware.remaining_turn_prior: "
+         "must be greater than or equal to 0, got -2"),
         (lambda d: d.setdefault("state", {}).update(store="etcd"),
          "state.store: must be 'memory' or 'redis', got 'etcd'"),
         (lambda d: d["models"]["qwen3-8b"].update(endpoints=["no-port"]),

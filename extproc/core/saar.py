@@ -12,15 +12,29 @@ Switch pricing is in dollars. Moving a session from its current model ``cur`` to
 where ``ctx`` is the context resent this turn (less what the candidate's best worker already
 holds, when the prefix index can tell), ``warm`` the tokens cached on ``cur`` (measured on its
 best worker by the prefix index; else our estimate scaled by the backend's reported hit ratio),
-and ``prior`` ∈ (0, 1] the remaining-turn prior
-(a session that ran ``t`` turns is expected to run about as many more, up to the horizon). The
-price becomes a score penalty relative to a reference turn (``reference_context_tokens`` at the
-dearest candidate's prompt price):
+and ``prior`` = min(1, R / horizon) the weight of the turns expected to reuse it. ``R``, the
+turns expected after this one, is the decision's ``remaining_turn_prior`` less the turns run;
+without one, as many as the session has run (up to the horizon). The price becomes a score
+penalty relative to a reference turn (``reference_context_tokens`` at the dearest candidate's
+prompt price):
 
     penalty(c) = prefix_cache_weight × min(max_cache_cost_multiplier, transition(c) / reference)
 
 A long warm session on an expensive model therefore faces a high bar to leave, and a short retry
 on a cheap model a low one. Switch history, a handoff penalty and a margin are added on top.
+
+A step-down (to a weaker model) must also pay for itself over what the session is likely to do
+next. Hard turns come in runs: a session that just went up for one will soon need the big model
+again. So, with ``price(m)`` the per-token price at the session's cache ratio and ``top`` the
+dearest candidate's prompt price:
+
+    saving(c) = R × ctx × (price(cur) − price(c))                   # over the remaining turns
+    risk(c)   = (1 − (1 − return_rate)^R)                           # a remaining turn needs cur
+                × (1 − fit(c, quality(cur))) × ctx × top / PRICE_WEIGHT   # its lost fit, priced
+
+and ``c`` is held (not a move this turn) unless saving > transition + risk. The fit is priced
+at the rate the hybrid score trades it for price. At an idle boundary nothing is cached any
+more, so the base choice is taken unless it is a step-down whose saving does not exceed its risk.
 The engine is pure: the session's record and the owners of the request's ids come in as facts,
 health is injected, time comes from the injected clock.
 """
@@ -28,14 +42,22 @@ health is injected, time comes from the injected clock.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from ..config import Config, SessionAware
+from ..config import Config, Model, SessionAware
 from ..errors import ContextTooLong, LockedModelDown, ModelUnavailable, UnknownModel, shown
 from ..state.records import Owner, SessionRecord
 from ..types import Action, Clock, Phase, RequestSummary, SessionIdentity
 from .health import ModelHealth
-from .selection import BaseChoice, HybridSelector, Selector, hybrid_scores
+from .selection import (
+    BaseChoice,
+    HybridSelector,
+    Selector,
+    fit,
+    fit_price,
+    hybrid_scores,
+    top_price,
+)
 
 REFERENCE_CONTEXT_TOKENS = 32_768
 TOKENS_PER_PRICE_UNIT = 1_000_000
@@ -60,6 +82,16 @@ class CandidateTerms:
     cache_penalty: float = 0.0
     transition_usd: float = 0.0
     available: bool = True
+    remaining_turns: float = 0.0
+    """The turns expected after this one, which a move's saving and risk are counted over."""
+    saving_usd: float = 0.0
+    """A step-down's saving: the per-turn price difference over the remaining turns."""
+    risk_usd: float = 0.0
+    """A step-down's quality risk: the chance that a remaining turn needs the current model
+    again, times what serving that turn on the weaker one loses in fit."""
+    held: bool = False
+    """A step-down whose saving does not exceed the cache it throws away and its risk: not a
+    move this turn (a failover still takes it)."""
 
     @property
     def adjusted(self) -> float:
@@ -142,11 +174,17 @@ class SaarEngine:
         reset = self._reset(state, base, knobs)
         if reset is not None:
             model = self._first_available(base, base.model)
-            action = Action.KEEP if model == state.model else Action.SWITCH
             phase = Phase.IDLE_RESET if reset == "idle" else Phase.DRIFT_RESET
+            reason = f"{reset}_reset"
+            terms: tuple[CandidateTerms, ...] = ()
+            if reset == "idle" and model != state.model:
+                terms = self._idle_terms(request, state, base, knobs, model)
+                if terms and terms[-1].held:
+                    model, reason = state.model, "idle_reset_held"
+            action = Action.KEEP if model == state.model else Action.SWITCH
             return RoutingDecision(
-                model, base.decision, action, phase, f"{reset}_reset", base.confidence, base,
-                state.model, reset=reset,
+                model, base.decision, action, phase, reason, base.confidence, base,
+                state.model, reset=reset, candidates=terms,
             )
         return self._priced(request, state, base, knobs, cached_tokens)
 
@@ -232,15 +270,17 @@ class SaarEngine:
                 "context_window" if outgrown else "failover", confidence, base, prev,
                 candidates=terms,
             )
-        wants_switch = best.model != state.model and (
-            best.adjusted > current.adjusted + knobs.switch_margin
+        move = max((t for t in usable if not t.held), key=lambda t: t.adjusted)
+        wants_switch = move.model != state.model and (
+            move.adjusted > current.adjusted + knobs.switch_margin
         )
         if wants_switch and state.turns >= knobs.min_turns_before_switch:
             return RoutingDecision(
-                best.model, base.decision, Action.SWITCH, Phase.NORMAL, "switch_priced",
+                move.model, base.decision, Action.SWITCH, Phase.NORMAL, "switch_priced",
                 confidence, base, prev, candidates=terms,
             )
-        reason = "min_turns" if wants_switch else "stay_priced"
+        held = best.held and best.adjusted > current.adjusted + knobs.switch_margin
+        reason = "min_turns" if wants_switch else "step_down_held" if held else "stay_priced"
         return RoutingDecision(
             state.model, base.decision, Action.KEEP, state.phase if state.phase is Phase.TOOL_LOOP
             else Phase.NORMAL, reason, confidence, base, prev, candidates=terms,
@@ -255,22 +295,17 @@ class SaarEngine:
         cached_tokens: CachedTokens,
     ) -> tuple[CandidateTerms, ...]:
         models = self._config.models
-        scores = dict(base.scores)
-        if state.model not in scores and state.model in models:
-            names = [*scores, state.model]
-            scores = hybrid_scores({n: models[n] for n in names}, base.difficulty)
+        scores = self._scores(state, base)
         cur = models[state.model]
+        top = top_price({n: models[n] for n in scores})
         reference = REFERENCE_CONTEXT_TOKENS * max(models[n].pricing.prompt for n in scores)
+        remaining = remaining_turns(knobs, state.turns)
         prior = knobs.remaining_turn_prior_weight * min(
-            1.0, max(1, state.turns) / max(1, knobs.remaining_turn_prior_horizon)
+            1.0, remaining / knobs.remaining_turn_prior_horizon
         )
         ctx = request.context_tokens
-        warm = cached_tokens(state.model)
-        if warm is None:
-            warm = state.context_tokens
-            ratio = state.reported_cache_ratio
-            if ratio is not None and state.turns >= 2:
-                warm = int(warm * ratio)
+        warm = _warm(state, cached_tokens)
+        ratio = min(1.0, warm / ctx) if ctx else 0.0
         history = knobs.switch_history_weight * min(state.switches / 8, 1.0)
         handoff = knobs.handoff_penalty_weight * knobs.default_handoff_penalty
         stay = knobs.tool_loop_stay_bias if state.phase is Phase.TOOL_LOOP else knobs.stay_bias
@@ -292,13 +327,46 @@ class SaarEngine:
             if knobs.switch_pricing and reference > 0:
                 ratio_cost = min(knobs.max_cache_cost_multiplier, transition / reference)
                 penalty = knobs.prefix_cache_weight * ratio_cost
-            out.append(
-                CandidateTerms(
-                    name, base_score, handoff=handoff, history=history, cache_penalty=penalty,
-                    transition_usd=transition / TOKENS_PER_PRICE_UNIT, available=available,
-                )
+            terms = CandidateTerms(
+                name, base_score, handoff=handoff, history=history, cache_penalty=penalty,
+                transition_usd=transition / TOKENS_PER_PRICE_UNIT, available=available,
             )
+            out.append(_step_down(terms, cur, cand, ctx, ratio, remaining, top, knobs, transition))
         return tuple(out)
+
+    def _idle_terms(
+        self,
+        request: RequestSummary,
+        state: SessionRecord,
+        base: BaseChoice,
+        knobs: SessionAware,
+        model: str,
+    ) -> tuple[CandidateTerms, ...]:
+        """The current model's and ``model``'s terms at an idle boundary: nothing is cached on
+        either any more, so a step-down throws no cache away and pays only its quality risk."""
+        models = self._config.models
+        kept = models.get(state.model)
+        if kept is None or kept.context_window < request.context_tokens or not (
+            self._health.available(state.model)
+        ):
+            return ()
+        scores = self._scores(state, base)
+        cur, cand = models[state.model], models[model]
+        ctx = request.context_tokens
+        ratio = state.reported_cache_ratio or 0.0
+        stay = CandidateTerms(state.model, knobs.quality_gap_multiplier * scores[state.model])
+        terms = CandidateTerms(model, knobs.quality_gap_multiplier * scores[model])
+        remaining = remaining_turns(knobs, state.turns)
+        top = top_price({n: models[n] for n in scores})
+        return stay, _step_down(terms, cur, cand, ctx, ratio, remaining, top, knobs, 0.0)
+
+    def _scores(self, state: SessionRecord, base: BaseChoice) -> dict[str, float]:
+        """The base scores of the decision's candidates and of the session's current model."""
+        models = self._config.models
+        if state.model in base.scores or state.model not in models:
+            return dict(base.scores)
+        names = [*base.scores, state.model]
+        return hybrid_scores({n: models[n] for n in names}, base.difficulty)
 
     def _first_available(self, base: BaseChoice, preferred: str) -> str:
         if self._health.available(preferred):
@@ -321,6 +389,61 @@ class SaarEngine:
                 "has no available backend; retry later (the session resumes on the same model)",
                 model=model, decision=decision, retry_after=self._health.retry_after(model),
             )
+
+
+def remaining_turns(knobs: SessionAware, turns: int) -> float:
+    """The turns a session that has run ``turns`` is expected to run after this one: the
+    decision's ``remaining_turn_prior`` less the turns run, without a prior as many as it has
+    run (at least one, at most ``remaining_turn_prior_horizon``)."""
+    if knobs.remaining_turn_prior > 0:
+        return max(0.0, knobs.remaining_turn_prior - turns)
+    return float(min(max(1, turns), knobs.remaining_turn_prior_horizon))
+
+
+def _warm(state: SessionRecord, cached_tokens: CachedTokens) -> int:
+    """Tokens of the session's prefix cached on its current model: measured on its best
+    worker, else the last context scaled by the backend's reported hit ratio."""
+    warm = cached_tokens(state.model)
+    if warm is not None:
+        return warm
+    ratio = state.reported_cache_ratio
+    if ratio is not None and state.turns >= 2:
+        return int(state.context_tokens * ratio)
+    return state.context_tokens
+
+
+def _step_down(
+    terms: CandidateTerms,
+    cur: Model,
+    cand: Model,
+    tokens: int,
+    cached_ratio: float,
+    remaining: float,
+    top: float,
+    knobs: SessionAware,
+    thrown: float,
+) -> CandidateTerms:
+    """``terms`` with a step-down's pricing when ``cand`` is weaker than ``cur`` (price units:
+    per-million rates × tokens). It saves the per-turn price difference at the session's cache
+    ratio over the ``remaining`` turns, the ones the move is made for (this turn's own saving is
+    the margin it must clear: a session expected to end now is not moved down); it risks, with
+    the chance that one of them needs ``cur`` again, the fit that turn loses on ``cand``, priced
+    at the hybrid score's rate; it throws away ``thrown``. Held unless the saving exceeds both."""
+    if not (knobs.switch_pricing and knobs.step_down_pricing) or cand.quality >= cur.quality:
+        return terms
+
+    def per_token(model: Model) -> float:
+        price = model.pricing
+        return (1.0 - cached_ratio) * price.prompt + cached_ratio * price.cached_input
+
+    saving = remaining * tokens * (per_token(cur) - per_token(cand))
+    chance = 1.0 - (1.0 - knobs.return_rate) ** remaining
+    points = 1.0 - fit(cand.quality, cur.quality)  # a turn that needs cur fits it exactly
+    risk = chance * fit_price(points, tokens, top)
+    return replace(
+        terms, remaining_turns=remaining, saving_usd=saving / TOKENS_PER_PRICE_UNIT,
+        risk_usd=risk / TOKENS_PER_PRICE_UNIT, held=saving <= thrown + risk,
+    )
 
 
 def issuer(

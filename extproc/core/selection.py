@@ -143,12 +143,29 @@ def _matches(
     return all(headers.get(k.lower()) == v for k, v in rules.headers.items())
 
 
+def fit(quality: float, difficulty: float) -> float:
+    """How well a model of ``quality`` fits a task of ``difficulty`` (1: exactly); an
+    underqualified model loses most."""
+    gap = difficulty - quality
+    return 1.0 - (UNDERQUALIFIED_PENALTY * gap if gap > 0 else OVERQUALIFIED_PENALTY * -gap)
+
+
+def top_price(models: Mapping[str, Model]) -> float:
+    """The dearest prompt price among ``models``: what relative prices are relative to."""
+    return max(m.pricing.prompt for m in models.values()) or 1.0
+
+
 def hybrid_scores(models: Mapping[str, Model], difficulty: float) -> dict[str, float]:
     """Quality fit for ``difficulty`` minus relative price; an underqualified model pays most."""
-    top_price = max(m.pricing.prompt for m in models.values()) or 1.0
-    scores = {}
-    for name, model in models.items():
-        gap = difficulty - model.quality
-        fit = 1.0 - (UNDERQUALIFIED_PENALTY * gap if gap > 0 else OVERQUALIFIED_PENALTY * -gap)
-        scores[name] = fit - PRICE_WEIGHT * model.pricing.prompt / top_price
-    return scores
+    top = top_price(models)
+    return {
+        name: fit(model.quality, difficulty) - PRICE_WEIGHT * model.pricing.prompt / top
+        for name, model in models.items()
+    }
+
+
+def fit_price(points: float, tokens: int, top: float) -> float:
+    """Price units (the pricing's per-million rates × tokens) that ``points`` of fit are worth
+    on a prompt of ``tokens``, at the rate the hybrid score trades fit for price: ``PRICE_WEIGHT``
+    points of fit for the whole prompt price ``top``."""
+    return points * tokens * top / PRICE_WEIGHT

@@ -189,6 +189,10 @@ def decision_record(entry: Decided) -> dict[str, Any]:
                 "history": round(t.history, 4),
                 "cache_penalty": round(t.cache_penalty, 4),
                 "transition_usd": round(t.transition_usd, 6),
+                "remaining_turns": t.remaining_turns,
+                "saving_usd": round(t.saving_usd, 6),
+                "risk_usd": round(t.risk_usd, 6),
+                "held": t.held,
                 "adjusted": round(t.adjusted, 4),
                 "available": t.available,
             }

@@ -183,17 +183,84 @@ def test_switch_pricing_is_asymmetric(driver, warm_chars, turns, expected):
     assert cheap["transition_usd"] > 0
 
 
-def test_switch_pricing_off_switches_the_warm_session(session_config, clock):
-    config = session_config
+def tuned(config: Config, **knobs) -> Config:
+    """``config`` with ``knobs`` set in every decision's SAAR block."""
     decisions = tuple(
         replace(d, algorithm=replace(d.algorithm, session_aware=replace(
-            d.algorithm.session_aware, switch_pricing=False)))
+            d.algorithm.session_aware, **knobs)))
         for d in config.routing.decisions
     )
-    driver = Driver(replace(config, routing=replace(config.routing, decisions=decisions)), clock)
+    return replace(config, routing=replace(config.routing, decisions=decisions))
+
+
+def test_switch_pricing_off_switches_the_warm_session(session_config, clock):
+    driver = Driver(tuned(session_config, switch_pricing=False), clock)
     for _ in range(6):
         driver.send(chat(HARD, context_chars=400_000))
     assert driver.send(chat("continue", context_chars=400_000)).model == CHEAP
+
+
+# A session warm on the strong model for one turn (about 1k tokens), then a 100k-token turn
+# whose base choice is the cheap model (long_context: a shape change, no drift). Moving down
+# saves ~2.78 price units a token per remaining turn; it risks, with the chance that a remaining
+# turn needs the strong model, 0.6 of fit (2 × its 0.3 quality gap) at 3.00 / 0.35 a token.
+@pytest.mark.parametrize(
+    ("knobs", "expected", "reason"),
+    [
+        ({}, CHEAP, "switch_priced"),                         # 1 turn to save on, risk 0.3
+        ({"return_rate": 1.0}, STRONG, "step_down_held"),      # that turn surely needs it
+        ({"remaining_turn_prior": 1.0}, STRONG, "step_down_held"),  # no turns remain
+        ({"remaining_turn_prior": 10.0, "return_rate": 1.0}, CHEAP, "switch_priced"),  # 9 remain
+        ({"return_rate": 1.0, "step_down_pricing": False}, CHEAP, "switch_priced"),
+        ({"return_rate": 1.0, "switch_pricing": False}, CHEAP, "switch_priced"),
+    ],
+)
+def test_a_step_down_must_pay_for_itself(session_config, clock, knobs, expected, reason):
+    driver = Driver(tuned(session_config, **knobs), clock)
+    driver.send(chat(HARD, context_chars=4_000))
+    routed = driver.send(chat("continue", context_chars=400_000))
+    rec = driver.record(routed)
+    assert (rec["base"]["model"], rec["reset"]) == (CHEAP, None)
+    assert (routed.model, rec["reason"]) == (expected, reason), rec["candidates"]
+    strong = next(c for c in rec["candidates"] if c["model"] == STRONG)
+    assert (strong["held"], strong["saving_usd"], strong["risk_usd"]) == (False, 0.0, 0.0)
+
+
+def test_step_down_terms_in_the_record(session_config, clock):
+    driver = Driver(tuned(session_config, return_rate=0.5, remaining_turn_prior=4.0), clock)
+    driver.send(chat(HARD, context_chars=4_000))
+    rec = driver.record(driver.send(chat("continue", context_chars=400_000)))
+    cheap = next(c for c in rec["candidates"] if c["model"] == CHEAP)
+    ctx, warm = rec["request"]["context_tokens"], rec["memory"]["context_tokens"]
+    cached = warm / ctx
+    per_token = (1 - cached) * (3.00 - 0.20) + cached * (0.30 - 0.02)
+    assert cheap["remaining_turns"] == 3.0  # a prior of 4 turns after the first, 1 run
+    assert cheap["saving_usd"] == pytest.approx(3 * ctx * per_token / 1e6, rel=1e-4)
+    assert cheap["risk_usd"] == pytest.approx((1 - 0.5**3) * 0.6 * ctx * 3.00 / 0.35 / 1e6,
+                                              rel=1e-4)
+    assert cheap["held"] is (cheap["saving_usd"] <= cheap["transition_usd"] + cheap["risk_usd"])
+
+
+# An idle boundary on the strong model, then a 100k-token turn whose base choice is the cheap
+# one: nothing is cached any more, so the step-down pays only its risk.
+@pytest.mark.parametrize(
+    ("knobs", "expected", "reason", "action"),
+    [
+        ({}, CHEAP, "idle_reset", "switch"),
+        ({"return_rate": 1.0}, STRONG, "idle_reset_held", "keep"),
+        ({"remaining_turn_prior": 1.0}, STRONG, "idle_reset_held", "keep"),
+        ({"return_rate": 1.0, "step_down_pricing": False}, CHEAP, "idle_reset", "switch"),
+    ],
+)
+def test_an_idle_step_down_pays_its_quality_risk(session_config, clock, knobs, expected, reason,
+                                                 action):
+    driver = Driver(tuned(session_config, **knobs), clock)
+    driver.send(chat(HARD, context_chars=400_000))
+    clock.advance(301)
+    routed = driver.send(chat("continue", context_chars=400_000))
+    rec = driver.record(routed)
+    assert (rec["reset"], rec["phase"]) == ("idle", "idle_reset")
+    assert (routed.model, rec["reason"], rec["action"]) == (expected, reason, action)
 
 
 def test_physical_model_passes_through(driver):

@@ -19,9 +19,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ...assembly import assemble
+from ...assembly import Parts, assemble
 from ...config import Config, SessionAware, load_config
-from ...core.router import Router
 from ...core.selection import BaseChoice, HybridSelector
 from ...types import Clock, RequestSummary
 
@@ -56,6 +55,7 @@ POLICY_KNOBS: dict[str, dict[str, Any]] = {
     "no_drift_reset": {"decision_drift_reset": False},
     "no_idle_reset": {"idle_reset": False},
     "no_switch_pricing": {"switch_pricing": False},
+    "no_step_down_pricing": {"step_down_pricing": False},
 }
 
 POLICIES: tuple[str, ...] = tuple(POLICY_KNOBS)
@@ -92,8 +92,9 @@ class PerTurnSelector:
         return self._inner.select(request, headers)
 
 
-def build_router(config: Config, policy: str, clock: Clock) -> Router:
-    """The live router for ``policy``; only ``single_turn`` swaps in a stateless selector."""
+def build(config: Config, policy: str, clock: Clock) -> Parts:
+    """The live router's parts for ``policy``; only ``single_turn`` swaps in a stateless
+    selector."""
     tuned = policy_config(config, policy)
     selector = PerTurnSelector(HybridSelector(tuned)) if policy == BASELINE else None
-    return assemble(tuned, clock=clock, selector=selector).router
+    return assemble(tuned, clock=clock, selector=selector)

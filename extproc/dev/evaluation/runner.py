@@ -18,7 +18,7 @@ from ...core.router import LocalDriver
 from .backend import Answer, Backend
 from .client import AgentSession, Request
 from .oracle import Oracle, Unsafe, Verdict
-from .policies import POLICIES, build_router, matrix_config
+from .policies import POLICIES, build, matrix_config
 from .workloads import WORKLOAD_NAMES, workload
 
 FIRST_TOKEN_SECONDS = 0.4
@@ -82,7 +82,8 @@ class Cell:
     def __init__(self, config: Config, policy: str) -> None:
         self.config = config
         self.clock = VirtualClock()
-        self.router = build_router(config, policy, self.clock)
+        self.parts = build(config, policy, self.clock)
+        self.router = self.parts.router
         self.driver = LocalDriver(self.router)
         self.oracle = Oracle()
         self.backend = Backend(config.models, self.oracle)

@@ -107,7 +107,7 @@ def test_sticky_keeps_the_first_model_of_every_session() -> None:
     for index in range(6):
         session = AgentSession(workload("drift-heavy"), random.Random(index), f"s{index}", "t")
         cell.play(session, 18, Tally())
-        records = cell.router.journal.replay.for_session(f"s{index}")
+        records = cell.parts.replay.for_session(f"s{index}")
         assert len(records) == 18
         assert len({r["model"] for r in records}) == 1
 
