@@ -201,7 +201,8 @@ FRAGMENT_NOTES = """\
 # clusters: beside yours; your model clusters must be named as models.*.cluster ({clusters}).
 # routes: at the top of your virtual host: GET /v1/models answered from the config, then the
 #   requests the processor routed (header {header}) to the cluster it names. Routes of yours
-#   that stay must turn the observe filter off (typed_per_filter_config as below).
+#   below them should turn the observe filter off (typed_per_filter_config as in these), or
+#   their answers are streamed past the processor for nothing.
 # Also: per_connection_buffer_limit_bytes >= {buffer} on the listener and the model clusters
 #   (whole agent contexts are buffered), normalize_path and merge_slashes on the manager.
 """

@@ -9,23 +9,21 @@ from typing import Any
 from .replay import Record
 
 REASONS = {
-    "tool_loop_lock": "hard lock: the request carries tool results, and the model (and "
-                      "worker) that issued the calls must answer them",
-    "provider_state_lock": "hard lock: the request carries provider state (a response id, "
-                           "reasoning items) only its issuer can read",
-    "new_session": "a new session: the best base model of the matched decision",
+    "tool_loop_lock": "the request carries tool results: the model (and worker) that issued "
+                      "the calls must answer them",
+    "provider_state_lock": "the request carries provider state (a response id, reasoning "
+                           "items) only its issuer can read",
+    "new_session": "a new session takes the matched decision's best base model",
     "no_session": "no session id: the best base model, nothing remembered",
-    "idle_reset": "idle reset: the session was quiet past the idle timeout, so it was "
-                  "decided afresh",
-    "drift_reset": "drift reset: this turn's content matched another decision (a new task), "
-                   "so it was decided afresh",
-    "switch_priced": "switched: another model beat the current one by more than the "
-                     "switch margin, its switch cost included",
-    "stay_priced": "kept: no other model beat the current one by the switch margin, its "
-                   "switch cost included",
-    "min_turns": "kept: another model priced better, but the session is too young to switch",
-    "context_window": "switched: the context outgrew the current model's window",
-    "failover": "switched: the current model is unavailable (health)",
+    "idle_reset": "the session was quiet past the idle timeout: decided afresh",
+    "drift_reset": "this turn's content matched another decision (a new task): decided afresh",
+    "switch_priced": "another model beat the current one by more than the switch margin, its "
+                     "switch cost included",
+    "stay_priced": "no other model beat the current one by the switch margin, its switch cost "
+                   "included",
+    "min_turns": "another model priced better, but the session is too young to switch",
+    "context_window": "the context outgrew the current model's window",
+    "failover": "the current model is unavailable (health)",
     "physical_model": "the client named a physical model: routed to it directly",
 }
 

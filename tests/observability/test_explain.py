@@ -45,7 +45,7 @@ WORKER = {"picked": "10.0.0.5:8000", "pinned": None, "fallbacks": ["10.0.0.6:800
           "~12,000 tokens",
           "matched  decision hard_engineering on its content (a task of its own)",
           "qwen3-32b 0.780, qwen3-8b 0.510",
-          "decided  keep qwen3-8b (stay_priced: kept: no other model beat the current one",
+          "decided  keep qwen3-8b (stay_priced: no other model beat the current one",
           "outcome  no answer recorded yet"], ["lock ", "reset ", "price "]),
     ({"candidates": PRICED},
      ["price    qwen3-8b 0.610 [base 0.510, +stay 0.10] > qwen3-32b 0.530 [base 0.780, "
