@@ -33,7 +33,11 @@ def explain(record: Record) -> str:
     lines = [_head(record)]
     base = record.get("base")
     if base:
-        lines.append(_row("matched", _matched(base)))
+        held = record.get("decision")
+        matched = _matched(base)
+        if held and held != base.get("decision"):
+            matched += f"; the session's decision {held} held"
+        lines.append(_row("matched", matched))
     lines.append(_row("decided", _decided(record)))
     if record.get("lock"):
         lines.append(_row("lock", _lock(record)))
@@ -66,8 +70,9 @@ def _head(record: Record) -> str:
     parts = [f"{request.get('api', '?')} for {request.get('model', '?')!r}",
              f"{request.get('messages', 0)} messages",
              f"~{request.get('context_tokens', 0):,} tokens"]
-    if request.get("tool_results"):
-        parts.append(f"{request['tool_results']} tool results")
+    results = request.get("tool_results")
+    if results:
+        parts.append(f"{results} tool result{'s' if results != 1 else ''}")
     if request.get("stream"):
         parts.append("streamed")
     return f"{record.get('replay_id', '?')}: {who}; {', '.join(parts)}"
@@ -131,7 +136,7 @@ def _priced(record: Record) -> str:
 def _worker(record: Record) -> str:
     worker = record.get("worker")
     if not worker or not worker.get("picked"):
-        return "none picked here: Envoy's balancer (or the pool's endpoint picker) chose"
+        return "no pick here: a pool of one (Envoy's balancer), or the pool's endpoint picker picks"
     picked = worker["picked"]
     if worker.get("pinned") == picked:
         why = "pinned by the lock (the worker holding the session's tool calls)"

@@ -75,8 +75,12 @@ WORKER = {"picked": "10.0.0.5:8000", "pinned": None, "fallbacks": ["10.0.0.6:800
     ({"base": None, "reason": "physical_model", "decision": "direct", "previous_model": None,
       "session": {}, "memory": None},
      ["rp-1: no session;", "routed to it directly",
-      "worker   none picked here"], ["matched "]),
+      "worker   no pick here"], ["matched "]),
     ({"reason": "some_new_reason"}, ["(some_new_reason: some_new_reason)"], []),
+    ({"decision": "light_tasks", "lock": "tool_loop", "reason": "tool_loop_lock",
+      "request": {"api": "openai_chat", "model": "auto", "messages": 3, "context_tokens": 10,
+                  "tool_results": 1}},
+     ["~10 tokens, 1 tool result\n", "; the session's decision light_tasks held"], []),
 ])
 def test_explain(fields, expected, absent):
     told = explain(_record(**fields))
