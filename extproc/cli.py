@@ -6,17 +6,51 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
+from typing import Any
+
+
+class Failed(Exception):
+    """A known failure, told in one line (``saar: ...``); exit status 2."""
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("saar-extproc")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from .service.app import serve_forever
+    from .service.preflight import file_problems, port_problems
+
+    config = _serve_config(args)
+    problems = file_problems(config) + port_problems(config)
+    if problems:
+        raise Failed("cannot start:\n  " + "\n  ".join(problems))
+    try:
+        asyncio.run(serve_forever(config))
+    except OSError as exc:           # a port taken meanwhile, a file gone, a sink unwritable
+        raise Failed(f"cannot start: {exc}") from exc
+    except RuntimeError as exc:
+        if "Failed to bind" not in str(exc):
+            raise
+        raise Failed(f"cannot start: {str(exc).split(';')[0]} (in use?)") from exc
+    return 0
+
+
+def _serve_config(args: argparse.Namespace) -> Any:
+    """The config ``saar serve`` runs: the file's, with the flags' ports and pool."""
     from dataclasses import replace
 
     from .config import load_config
-    from .service.app import serve_forever
 
     config = load_config(args.config)
     server = config.server
@@ -35,7 +69,56 @@ def _serve(args: argparse.Namespace) -> int:
     scheduling = config.scheduling
     if args.pool_name is not None:
         scheduling = replace(scheduling, pool_name=args.pool_name)
-    asyncio.run(serve_forever(replace(config, server=server, scheduling=scheduling)))
+    return replace(config, server=server, scheduling=scheduling)
+
+
+def _check(args: argparse.Namespace) -> int:
+    """The config parses; its files, ports and (with Redis) store are usable from here."""
+    from .config import load_config
+    from .service.preflight import file_problems, port_problems, store_problems
+
+    config = load_config(args.config)
+    problems = file_problems(config)
+    if not args.no_ports:
+        problems += port_problems(config)
+    if not args.no_store:
+        problems += store_problems(config)
+    if problems:
+        print(f"{args.config}: {len(problems)} problem(s)", file=sys.stderr)
+        for line in problems:
+            print(f"  {line}", file=sys.stderr)
+        return 1
+    server = config.server
+    ports = [str(p) for p in (server.grpc_port, server.http_port, server.health_port) if p]
+    print(f"{args.config}: OK: {len(config.models)} models ({', '.join(config.models)}), "
+          f"logical {', '.join(config.routing.logical_models) or 'none'}; "
+          f"state {config.state.store}; {'TLS' if server.tls.enabled else 'plaintext'} gRPC; "
+          f"ports {', '.join(ports)} on {server.host}"
+          + ("" if args.no_ports else " free"))
+    return 0
+
+
+def _provision(args: argparse.Namespace) -> int:
+    from .service.provision import Certificate, Plan, Provisioner, RandomSecret, core_api
+
+    randoms = []
+    for spec in args.random:
+        name, _, key = spec.partition("/")
+        if not name or not key:
+            raise Failed(f"--random {spec!r}: give SECRET/KEY")
+        randoms.append(RandomSecret(name, key))
+    certificate = None
+    if args.tls_secret:
+        if not args.ca or not args.dns_name:
+            raise Failed("--tls-secret needs --ca and at least one --dns-name")
+        certificate = Certificate(args.tls_secret, args.ca, tuple(args.dns_name), args.days)
+    labels = dict(label.partition("=")[::2] for label in args.label)
+    namespace = args.namespace or os.environ.get("POD_NAMESPACE")
+    if not namespace:
+        raise Failed("--namespace (or $POD_NAMESPACE) is required")
+    plan = Plan(namespace, tuple(randoms), certificate, labels)
+    for line in Provisioner(core_api(args.kubeconfig), plan).run():
+        print(f"{namespace}: {line}")
     return 0
 
 
@@ -47,18 +130,40 @@ def _sim_server(args: argparse.Namespace) -> int:
 
 
 def _envoy_config(args: argparse.Namespace) -> int:
-    from .adapter.bootstrap import EnvoyPorts, render
+    from .adapter.bootstrap import EnvoyPorts, ProcessorTls, render, render_fragment
     from .config import load_config
 
     config = load_config(args.config)
+    addresses = tuple(args.processor)
+    for address in addresses:
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            raise Failed(f"--processor {address!r}: give HOST:PORT")
+    tls = None
+    if config.server.tls.enabled:
+        tls = ProcessorTls(args.processor_ca, args.processor_name)
+        if args.processor_ca is None:
+            print("saar: server.tls.enabled: the processor clusters speak TLS without "
+                  "verifying the certificate (give --processor-ca, and --processor-name "
+                  "when the certificate names another host)", file=sys.stderr)
+    elif args.processor_ca:
+        raise Failed("--processor-ca: server.tls.enabled is false in the config: the "
+                     "processor serves plaintext")
+    first = addresses[0].rpartition(":") if addresses else None
     ports = EnvoyPorts(
         listen=args.listen_port,
         admin=args.admin_port,
-        processor_host=args.processor_host,
-        processor_port=args.processor_port or config.server.grpc_port,
+        processor_host=first[0] if first else args.processor_host,
+        processor_port=int(first[2]) if first else (args.processor_port
+                                                    or config.server.grpc_port),
         listen_host=args.listen_host,
+        more_processors=addresses[1:],
+        processor_tls=tls,
     )
-    sys.stdout.write(render(config, ports))
+    if args.fragment:
+        sys.stdout.write(render_fragment(config, ports, source=args.config))
+    else:
+        sys.stdout.write(render(config, ports))
     return 0
 
 
@@ -66,7 +171,10 @@ def _replay_show(args: argparse.Namespace) -> int:
     if args.file:
         from .observability.replay import read_jsonl
 
-        record = read_jsonl(args.file, args.replay_id)
+        try:
+            record = read_jsonl(args.file, args.replay_id)
+        except OSError as exc:
+            raise Failed(f"{args.file}: {exc.strerror or exc}") from exc
         if record is None:
             print(f"replay id {args.replay_id} not found in {args.file}", file=sys.stderr)
             return 1
@@ -81,10 +189,27 @@ def _replay_show(args: argparse.Namespace) -> int:
             with urllib.request.urlopen(request, timeout=5) as response:
                 record = json.load(response)
         except urllib.error.HTTPError as exc:
-            print(f"{url}: HTTP {exc.code}", file=sys.stderr)
+            detail = _error_text(exc)
+            print(f"{url}: HTTP {exc.code}{': ' + detail if detail else ''}", file=sys.stderr)
             return 1
-    print(json.dumps(record, indent=2))
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise Failed(f"{args.url}: no answer ({reason}); is saar serve running there? "
+                         "(--url names its HTTP port)") from exc
+    if args.json:
+        print(json.dumps(record, indent=2))
+    else:
+        from .observability.explain import explain
+
+        print(explain(record))
     return 0
+
+
+def _error_text(error: urllib.error.HTTPError) -> str:
+    try:
+        return str(json.loads(error.read()).get("error", ""))
+    except (ValueError, AttributeError, OSError):
+        return ""
 
 
 def _trace_export(args: argparse.Namespace) -> int:
@@ -194,20 +319,55 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="saar", description=__doc__)
-    parser.add_argument("-v", "--verbose", action="store_true")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="saar", description="Session-aware routing of LLM agent traffic, as an Envoy "
+        "external processor: the server, its tools and its benchmarks.")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="debug logging, and tracebacks instead of one-line errors")
+    parser.add_argument("--version", action="version", version=f"saar {_version()}",
+                        help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = sub.add_parser("serve", help="run the ext_proc server")
-    serve.add_argument("--config", required=True)
+    serve.add_argument("--config", required=True, metavar="FILE", help="the service config")
     serve.add_argument("--grpc-port", type=int,
                        help="instead of server.grpc_port (warns: Envoy's bootstrap must agree)")
-    serve.add_argument("--http-port", type=int)
+    serve.add_argument("--http-port", type=int,
+                       help="instead of server.http_port (/metrics, /healthz, admin API, /ui)")
     serve.add_argument("--health-port", type=int,
                        help="plaintext gRPC health only (kubelet probes), beside a TLS port")
     serve.add_argument("--pool-name", metavar="MODEL",
                        help="be the endpoint picker of this model's InferencePool")
     serve.set_defaults(func=_serve)
+
+    check = sub.add_parser(
+        "check", help="validate a config, the files it names, its ports and its store")
+    check.add_argument("--config", required=True, metavar="FILE", help="the service config")
+    check.add_argument("--no-ports", action="store_true",
+                       help="do not try to bind the ports (checking on another machine)")
+    check.add_argument("--no-store", action="store_true",
+                       help="do not ping the shared store (state.store: redis)")
+    check.set_defaults(func=_check)
+
+    provision = sub.add_parser(
+        "provision", help="create a release's missing Secrets in Kubernetes, never changing "
+        "one that exists (the Helm chart's hook Job)")
+    provision.add_argument("--namespace", help="the release's namespace (else $POD_NAMESPACE)")
+    provision.add_argument("--random", action="append", default=[], metavar="SECRET/KEY",
+                           help="an Opaque Secret with a random token under KEY (repeatable)")
+    provision.add_argument("--tls-secret", metavar="SECRET",
+                           help="a kubernetes.io/tls Secret signed by a CA of its own")
+    provision.add_argument("--ca", metavar="NAME",
+                           help="ConfigMap and Secret NAME with that CA's ca.crt (for gateways)")
+    provision.add_argument("--dns-name", action="append", default=[], metavar="NAME",
+                           help="a name the certificate is for (repeatable; first: subject)")
+    provision.add_argument("--days", type=int, default=3650,
+                           help="validity of a new certificate and CA (default 3650)")
+    provision.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
+                           help="a label of every object created (repeatable)")
+    provision.add_argument("--kubeconfig", metavar="FILE",
+                           help="outside a pod: this kubeconfig (default ~/.kube/config)")
+    provision.set_defaults(func=_provision)
 
     from .dev.sim.server import add_arguments
 
@@ -215,8 +375,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(sim)
     sim.set_defaults(func=_sim_server)
 
-    envoy = sub.add_parser("envoy-config", help="print the Envoy bootstrap for a config")
-    envoy.add_argument("--config", required=True)
+    envoy = sub.add_parser(
+        "envoy-config", help="print the Envoy bootstrap for a config (or, with --fragment, "
+        "what an existing Envoy adds)")
+    envoy.add_argument("--config", required=True, metavar="FILE", help="the service config")
+    envoy.add_argument("--fragment", action="store_true",
+                       help="only the two ext_proc filters, the processor clusters and their "
+                       "routes, for an Envoy of your own")
     envoy.add_argument("--listen-port", type=int, default=10000,
                        help="the port clients call (default 10000)")
     envoy.add_argument("--listen-host", default="127.0.0.1",
@@ -228,28 +393,39 @@ def build_parser() -> argparse.ArgumentParser:
     envoy.add_argument("--processor-port", type=int, default=None,
                        help="its gRPC port (default: the config's server.grpc_port; give the "
                        "same as saar serve --grpc-port)")
+    envoy.add_argument("--processor", action="append", default=[], metavar="HOST:PORT",
+                       help="a processor replica (repeatable; replaces --processor-host/-port)")
+    envoy.add_argument("--processor-ca", metavar="FILE",
+                       help="with server.tls.enabled: verify the processors' certificate with "
+                       "this CA (path as Envoy sees it)")
+    envoy.add_argument("--processor-name", metavar="NAME",
+                       help="the name the certificate is for (default: the first processor's "
+                       "host)")
     envoy.set_defaults(func=_envoy_config)
 
     replay = sub.add_parser("replay", help="look up replay records")
     replay_sub = replay.add_subparsers(dest="replay_command", required=True)
-    show = replay_sub.add_parser("show", help="print one record")
-    show.add_argument("replay_id")
+    show = replay_sub.add_parser(
+        "show", help="explain one routing decision (what matched, the lock or reset, the "
+        "price, the worker)")
+    show.add_argument("replay_id", help="the x-replay-id of a response (rp-...)")
     show.add_argument("--url", default="http://127.0.0.1:9090", help="the processor's HTTP port")
     show.add_argument("--file", help="read a JSONL sink file instead of asking the processor")
     show.add_argument("--token-file", help="the admin token (else $SAAR_ADMIN_TOKEN)")
+    show.add_argument("--json", action="store_true", help="the whole record, as JSON")
     show.set_defaults(func=_replay_show)
     whatif = replay_sub.add_parser(
         "what-if", help="decide the recorded sessions again under another config; the difference")
     _records_source(whatif)
     whatif.add_argument("--config", required=True, help="the config to try")
-    whatif.add_argument("--json", action="store_true")
+    whatif.add_argument("--json", action="store_true", help="the summary as JSON")
     whatif.set_defaults(func=_replay_what_if)
 
     trace = sub.add_parser("trace", help="session timelines")
     trace_sub = trace.add_subparsers(dest="trace_command", required=True)
     export = trace_sub.add_parser("export", help="Chrome trace-event JSON (Perfetto)")
     _records_source(export)
-    export.add_argument("--out", required=True)
+    export.add_argument("--out", required=True, metavar="FILE", help="where to write the JSON")
     export.set_defaults(func=_trace_export)
 
     replay_trace = sub.add_parser(
@@ -259,15 +435,18 @@ def build_parser() -> argparse.ArgumentParser:
     replay_trace.add_argument("--speed", type=float, default=1.0, help="time runs this much faster")
     replay_trace.add_argument("--block-size", type=int, default=16,
                               help="tokens per hash id (16: the processor's trace; 512: Mooncake)")
-    replay_trace.add_argument("--model", default="auto")
-    replay_trace.add_argument("--api-key", default="replay-trace")
+    replay_trace.add_argument("--model", default="auto",
+                              help="the model every request asks for (default auto)")
+    replay_trace.add_argument("--api-key", default="replay-trace",
+                              help="the credential sent (the tenant the requests route under)")
     replay_trace.add_argument("--worker-metrics", action="append", default=[],
                               help="a worker's /metrics URL (repeat): its prefix-cache hit rate")
-    replay_trace.add_argument("--json", action="store_true")
+    replay_trace.add_argument("--json", action="store_true", help="the report as JSON")
     replay_trace.set_defaults(func=_replay_trace)
 
     demo = sub.add_parser("demo", help="start Envoy, the processor and sims; run an agent session")
-    demo.add_argument("--config", default=None)
+    demo.add_argument("--config", default=None, metavar="FILE",
+                      help="the service config (default: config/example.yaml)")
     demo.set_defaults(func=_demo)
 
     bench = sub.add_parser("bench", help="measure the stack on this machine")
@@ -353,6 +532,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         return int(args.func(args))
-    except ConfigError as exc:
+    except (ConfigError, Failed) as exc:
+        if args.verbose and isinstance(exc, Failed):
+            raise
         print(f"saar: {exc}", file=sys.stderr)
         return 2

@@ -4,6 +4,7 @@ import json
 from dataclasses import replace
 
 import orjson
+import pytest
 
 from extproc.assembly import assemble
 from extproc.cli import main
@@ -20,11 +21,17 @@ def test_replay_show_reads_the_jsonl_sink(config, clock, tmp_path, capsys):
     routed = driver.route(Api.CHAT, {"x-session-id": "cli"}, body)
     driver.respond(routed, ResponseSummary(status=200, finish_reason="stop"))
     parts.close()
-    assert main(["replay", "show", routed.replay_id, "--file", str(path)]) == 0
+    assert main(["replay", "show", routed.replay_id, "--file", str(path), "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["model"] == routed.model
     assert shown["outcome"]["finish_reason"] == "stop"
     assert main(["replay", "show", "rp-missing", "--file", str(path)]) == 1
+    # Without --json: a short explanation of the same record.
+    assert main(["replay", "show", routed.replay_id, "--file", str(path)]) == 0
+    told = capsys.readouterr().out
+    assert told.startswith(f"{routed.replay_id}: session cli")
+    assert f"decision {shown['base']['decision']}" in told
+    assert len(told.splitlines()) <= 10
 
 
 def test_envoy_config_command_renders_the_checked_in_file(capsys):
@@ -90,3 +97,180 @@ def test_serve_warns_when_its_port_is_not_the_configs_and_says_where_it_listens_
     assert f"127.0.0.1:{other}" in text
     assert f"--grpc-port {other} differs from server.grpc_port" in text
     assert f"--processor-port {other}" in text
+
+
+# --- help, version, check, one-line errors ----------------------------------------------------
+
+def _commands(parser=None, path=()):
+    """Every (sub)command of ``saar`` with its parser, depth first."""
+    import argparse
+
+    from extproc.cli import build_parser
+
+    parser = parser or build_parser()
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _commands(sub, (*path, name))
+
+
+def test_every_command_and_flag_has_help():
+    import argparse
+
+    missing = []
+    commands = list(_commands())
+    assert len(commands) > 15
+    for path, parser in commands:
+        where = " ".join(("saar", *path))
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                helped = {a.dest for a in action._choices_actions if a.help}
+                missing += [f"{where} {name}" for name in action.choices if name not in helped]
+            elif not action.help:
+                missing.append(f"{where} {'/'.join(action.option_strings) or action.dest}")
+    assert missing == [], missing
+
+
+@pytest.mark.parametrize("path", [p for p, _ in _commands()], ids=lambda p: " ".join(p) or "saar")
+def test_every_command_answers_help(path, capsys):
+    with pytest.raises(SystemExit) as done:
+        main([*path, "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: saar")
+
+
+def test_version(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.strip() == f"saar {version('saar-extproc')}"
+
+
+def _config_file(tmp_path, **changes):
+    import yaml
+
+    from extproc.dev.harness import free_port
+    from tests.conftest import EXAMPLE_CONFIG
+
+    data = yaml.safe_load(EXAMPLE_CONFIG.read_text())
+    data["server"].update({"grpc_port": free_port(), "http_port": free_port()})
+    for key, value in changes.items():
+        data[key] = value
+    path = tmp_path / "saar.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path, data
+
+
+def test_check_passes_a_usable_config(tmp_path, capsys):
+    path, data = _config_file(tmp_path)
+    assert main(["check", "--config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"{path}: OK: 2 models")
+    assert f"{data['server']['grpc_port']}, {data['server']['http_port']}" in out
+
+
+def test_check_lists_every_problem_with_its_key(tmp_path, capsys):
+    import socket
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    path, data = _config_file(
+        tmp_path,
+        identity={"tenant_secret_file": str(tmp_path / "missing-secret")},
+        admin={"token_file": str(tmp_path / "no-token")},
+        replay={"jsonl_path": str(blocker / "replay.jsonl")},
+        state={"store": "redis", "redis_url": "redis://127.0.0.1:9/0"})
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", data["server"]["grpc_port"]))
+        taken.listen()
+        assert main(["check", "--config", str(path)]) == 1
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert lines[0] == f"{path}: 5 problem(s)"
+    for key in ("identity.tenant_secret_file:", "admin.token_file:", "replay.jsonl_path:",
+                "server.grpc_port:", "state.redis_url:"):
+        assert sum(line.strip().startswith(key) for line in lines) == 1, (key, err)
+    assert "Traceback" not in err
+
+
+def test_check_refuses_a_config_the_schema_refuses(tmp_path, capsys):
+    path, _ = _config_file(tmp_path, limts={"max_body_bytes": 1})
+    assert main(["check", "--config", str(path)]) == 2
+    assert capsys.readouterr().err.strip() == f"saar: {path}: limts: unknown key"
+
+
+def _serve_error(path) -> tuple[int, str]:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "extproc", "serve", "--config", str(path)],
+                          capture_output=True, text=True, timeout=60)
+    return done.returncode, done.stderr
+
+
+def test_serve_says_in_one_line_that_its_port_is_taken(tmp_path):
+    import socket
+
+    path, data = _config_file(tmp_path)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", data["server"]["http_port"]))
+        taken.listen()
+        code, err = _serve_error(path)
+    assert code == 2
+    assert "Traceback" not in err
+    assert (f"server.http_port: cannot listen on 127.0.0.1:{data['server']['http_port']}: "
+            "Address already in use") in err
+
+
+def test_serve_says_in_one_line_that_its_replay_sink_cannot_be_written(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    path, _ = _config_file(tmp_path, replay={"jsonl_path": str(blocker / "r.jsonl")})
+    code, err = _serve_error(path)
+    assert code == 2 and "Traceback" not in err
+    assert f"replay.jsonl_path: {blocker} is not a directory" in err
+
+
+def test_replay_show_without_a_server_is_one_line(capsys):
+    from extproc.dev.harness import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"
+    assert main(["replay", "show", "rp-x", "--url", url]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"saar: {url}: no answer") and len(err.splitlines()) == 1
+
+
+def test_envoy_config_takes_processors_on_other_hosts(capsys):
+    import yaml
+
+    from tests.conftest import EXAMPLE_CONFIG
+
+    assert main(["envoy-config", "--config", str(EXAMPLE_CONFIG), "--processor",
+                 "saar-0.saar:9002", "--processor", "saar-1.saar:9003", "--fragment"]) == 0
+    doc = yaml.safe_load(capsys.readouterr().out)
+    cluster = doc["clusters"][0]
+    lb = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
+    assert [(e["endpoint"]["address"]["socket_address"]["address"],
+             e["endpoint"]["address"]["socket_address"]["port_value"]) for e in lb] == [
+        ("saar-0.saar", 9002), ("saar-1.saar", 9003)]
+    assert main(["envoy-config", "--config", str(EXAMPLE_CONFIG), "--processor", "nohost"]) == 2
+
+
+def test_envoy_config_says_when_tls_goes_unverified(tmp_path, capsys):
+    path, _ = _config_file(tmp_path)
+    assert main(["envoy-config", "--config", str(path), "--processor-ca", "/ca.pem"]) == 2
+    assert "server.tls.enabled is false" in capsys.readouterr().err
+    tls, _ = _config_file(tmp_path)
+    import yaml
+
+    data = yaml.safe_load(tls.read_text())
+    data["server"]["tls"] = {"enabled": True}
+    tls.write_text(yaml.safe_dump(data))
+    assert main(["envoy-config", "--config", str(tls)]) == 0
+    captured = capsys.readouterr()
+    assert "without verifying the certificate" in captured.err
+    assert "envoy.transport_sockets.tls" in captured.out

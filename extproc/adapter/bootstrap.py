@@ -1,17 +1,25 @@
-"""Renders the Envoy bootstrap that puts the processor in front of the model clusters.
+"""Renders the Envoy bootstrap that puts the processor in front of the model clusters, or
+the fragment of it an existing Envoy needs (``fragment``: the two ext_proc filters, the
+processor clusters and the routes that use them).
 
 The checked-in ``envoy/envoy.yaml`` is this output for ``config/example.yaml``; the demo, the
 tests and the benchmark render their own with the ports they use, so there is one source of truth.
+The output is plain YAML (no anchors: a copied part stands on its own). With
+``server.tls.enabled`` the processor clusters speak TLS, verified when ``ProcessorTls`` names
+the CA. ``GET /v1/models`` is answered by Envoy from the config (``apis.models``): the logical
+models clients send and the physical ones, with their context windows.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import json
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
+from ..apis.models import model_card, model_list, model_names
 from ..config import Config
 from ..errors import document
 from .contract import (
@@ -57,6 +65,15 @@ shapes (code ``proxy_error``)."""
 
 
 @dataclass(frozen=True)
+class ProcessorTls:
+    """TLS to the processor: the certificate checked against ``ca_file`` for ``server_name``
+    (default: the first processor's host) when a CA is given, else encryption only."""
+
+    ca_file: str | None = None
+    server_name: str | None = None
+
+
+@dataclass(frozen=True)
 class EnvoyPorts:
     listen: int = 10000
     admin: int = 9901
@@ -66,17 +83,38 @@ class EnvoyPorts:
     """More processor replicas' gRPC ports on ``processor_host``: Envoy balances the streams
     over all of them (round robin), which share their state through the store."""
     listen_host: str = "127.0.0.1"
+    more_processors: tuple[str, ...] = ()
+    """Replicas elsewhere, as ``host:port``."""
+    processor_tls: ProcessorTls | None = None
+    """How to reach a processor that serves TLS; None: encrypted, not verified."""
+
+    @property
+    def processors(self) -> tuple[str, ...]:
+        """Every processor replica's ``host:port``, each once."""
+        own = (f"{_host(self.processor_host)}:{port}"
+               for port in (self.processor_port, *self.replicas))
+        return tuple(dict.fromkeys((*own, *self.more_processors)))
+
+
+class _PlainDumper(yaml.SafeDumper):
+    """Writes a value as often as it appears: no ``&id001`` / ``*id001``."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def dump(document: dict[str, Any]) -> str:
+    return yaml.dump(document, Dumper=_PlainDumper, sort_keys=False)
 
 
 def render(config: Config, ports: EnvoyPorts, *, access_log: str | None = None) -> str:
-    return yaml.safe_dump(bootstrap(config, ports, access_log=access_log), sort_keys=False)
+    return dump(bootstrap(config, ports, access_log=access_log))
 
 
 def bootstrap(
     config: Config, ports: EnvoyPorts, *, access_log: str | None = None
 ) -> dict[str, Any]:
     default_cluster = next(iter(config.models.values())).cluster
-    cluster_header = config.routing.cluster_header
     hcm: dict[str, Any] = {
         "@type": "type.googleapis.com/envoy.extensions.filters.network."
         "http_connection_manager.v3.HttpConnectionManager",
@@ -102,25 +140,7 @@ def bootstrap(
                     ]
                     + [_add_header(WORKER_HEADER, "%UPSTREAM_REMOTE_ADDRESS%")],
                     "routes": [
-                        # Streamed answers: the observe filter reads them without holding them.
-                        {
-                            "match": {
-                                "prefix": "/",
-                                "headers": [
-                                    {"name": cluster_header, "present_match": True},
-                                    {"name": OBSERVE_HEADER, "present_match": True},
-                                ],
-                            },
-                            "route": _model_route(cluster_header),
-                        },
-                        {
-                            "match": {
-                                "prefix": "/",
-                                "headers": [{"name": cluster_header, "present_match": True}],
-                            },
-                            "route": _model_route(cluster_header),
-                            "typed_per_filter_config": _observe_off(),
-                        },
+                        *processor_routes(config),
                         {
                             "match": {"prefix": "/"},
                             "route": {"cluster": default_cluster},
@@ -155,13 +175,94 @@ def bootstrap(
                     ],
                 }
             ],
-            "clusters": [_processor_cluster(PROCESSOR, ports), _processor_cluster(OBSERVER, ports)]
+            "clusters": processor_clusters(config, ports)
             + [
                 _model_cluster(model.cluster, model.addresses)
                 for model in config.models.values()
             ],
         },
     }
+
+
+def fragment(config: Config, ports: EnvoyPorts) -> dict[str, Any]:
+    """What an existing Envoy adds to run the processor: the two filters (before its router
+    filter, in this order), the processor clusters, and the routes (before its own: the
+    models list, and the routed requests by the model cluster the processor names)."""
+    return {
+        "http_filters": [_routing_filter(), _observe_filter()],
+        "clusters": processor_clusters(config, ports),
+        "routes": processor_routes(config),
+    }
+
+
+FRAGMENT_NOTES = """\
+# saar-extproc for an existing Envoy ({source}).
+# http_filters: in your HttpConnectionManager, before envoy.filters.http.router, in this order.
+# clusters: beside yours; your model clusters must be named as models.*.cluster ({clusters}).
+# routes: at the top of your virtual host: GET /v1/models answered from the config, then the
+#   requests the processor routed (header {header}) to the cluster it names. Routes of yours
+#   below them should turn the observe filter off (typed_per_filter_config as in these), or
+#   their answers are streamed past the processor for nothing.
+# Also: per_connection_buffer_limit_bytes >= {buffer} on the listener and the model clusters
+#   (whole agent contexts are buffered), normalize_path and merge_slashes on the manager.
+"""
+
+
+def render_fragment(config: Config, ports: EnvoyPorts, *, source: str = "config") -> str:
+    notes = FRAGMENT_NOTES.format(
+        source=source, clusters=", ".join(m.cluster for m in config.models.values()),
+        header=config.routing.cluster_header, buffer=BUFFER_LIMIT)
+    return notes + dump(fragment(config, ports))
+
+
+def processor_clusters(config: Config, ports: EnvoyPorts) -> list[dict[str, Any]]:
+    tls = ports.processor_tls or ProcessorTls() if config.server.tls.enabled else None
+    return [_processor_cluster(PROCESSOR, ports, tls), _processor_cluster(OBSERVER, ports, tls)]
+
+
+def processor_routes(config: Config) -> list[dict[str, Any]]:
+    """The models list, then the requests the processor routed to a model's cluster."""
+    cluster_header = config.routing.cluster_header
+    return [
+        *models_routes(config),
+        # Streamed answers: the observe filter reads them without holding them.
+        {
+            "match": {
+                "prefix": "/",
+                "headers": [
+                    {"name": cluster_header, "present_match": True},
+                    {"name": OBSERVE_HEADER, "present_match": True},
+                ],
+            },
+            "route": _model_route(cluster_header),
+        },
+        {
+            "match": {
+                "prefix": "/",
+                "headers": [{"name": cluster_header, "present_match": True}],
+            },
+            "route": _model_route(cluster_header),
+            "typed_per_filter_config": _observe_off(),
+        },
+    ]
+
+
+def models_routes(config: Config) -> list[dict[str, Any]]:
+    """``GET /v1/models`` and ``GET /v1/models/{id}``, answered by Envoy from the config."""
+    answers = [("/v1/models", model_list(config))]
+    answers += [(f"/v1/models/{name}", model_card(config, name)) for name in model_names(config)]
+    return [
+        {
+            "name": "models" if path == "/v1/models" else f"model-{body['id']}",
+            "match": {"path": path,
+                      "headers": [{"name": ":method", "string_match": {"exact": "GET"}}]},
+            "direct_response": {"status": 200, "body": {
+                "inline_string": json.dumps(body, separators=(",", ":"))}},
+            "response_headers_to_add": [_add_header("content-type", "application/json")],
+            "typed_per_filter_config": _observe_off(),
+        }
+        for path, body in answers
+    ]
 
 
 def _model_route(cluster_header: str) -> dict[str, Any]:
@@ -354,30 +455,29 @@ def _endpoints(name: str, endpoints: tuple[str, ...]) -> dict[str, Any]:
     lb = []
     for endpoint in endpoints:
         host, _, port = endpoint.rpartition(":")
-        lb.append({"endpoint": {"address": _address(host, int(port))}})
+        lb.append({"endpoint": {"address": _address(_unbracketed(host), int(port))}})
     return {"cluster_name": name, "endpoints": [{"lb_endpoints": lb}]}
 
 
 def _discovery(endpoints: tuple[str, ...]) -> str:
     for endpoint in endpoints:
         try:
-            ipaddress.ip_address(endpoint.rpartition(":")[0])
+            ipaddress.ip_address(_unbracketed(endpoint.rpartition(":")[0]))
         except ValueError:
             return "STRICT_DNS"
     return "STATIC"
 
 
-def _processor_cluster(name: str, ports: EnvoyPorts) -> dict[str, Any]:
+def _processor_cluster(name: str, ports: EnvoyPorts,
+                       tls: ProcessorTls | None) -> dict[str, Any]:
     """The processor, once per filter: observation (fail open) must never use up the streams
     of routing (fail closed). One stream per HTTP request, so the default limit of 1,024
     concurrent requests would cap the proxy; it is lifted. Replicas are balanced round robin;
     one that stops answering is ejected at its first failed connection and found by the gRPC
     health check (``readiness``, which a draining replica turns off first)."""
-    endpoints = tuple(
-        f"{ports.processor_host}:{port}" for port in (ports.processor_port, *ports.replicas)
-    )
+    endpoints = ports.processors
     limit = 1_000_000
-    return {
+    cluster: dict[str, Any] = {
         "name": name,
         "type": _discovery(endpoints),
         "connect_timeout": "1s",
@@ -411,6 +511,46 @@ def _processor_cluster(name: str, ports: EnvoyPorts) -> dict[str, Any]:
         },
         "load_assignment": _endpoints(name, endpoints),
     }
+    if tls is not None:
+        server_name = tls.server_name or _unbracketed(endpoints[0].rpartition(":")[0])
+        cluster["transport_socket"] = _tls_socket(tls.ca_file, server_name)
+    return cluster
+
+
+def _tls_socket(ca_file: str | None, server_name: str | None = None, *,
+                alpn: bool = True) -> dict[str, Any]:
+    """TLS to a gRPC server: ALPN h2 (as gRPC asks); the certificate checked against
+    ``ca_file`` (for ``server_name``) when given, else encrypted only (an empty validation
+    context)."""
+    context: dict[str, Any] = {"validation_context": {}}
+    if alpn:
+        context["alpn_protocols"] = ["h2"]
+    socket: dict[str, Any] = {
+        "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3."
+                 "UpstreamTlsContext",
+        "common_tls_context": context,
+    }
+    if ca_file is not None:
+        context["validation_context"] = {"trusted_ca": {"filename": ca_file}}
+        if server_name:
+            kind = "DNS"
+            try:
+                ipaddress.ip_address(server_name)
+                kind = "IP_ADDRESS"
+            except ValueError:
+                socket["sni"] = server_name
+            context["validation_context"]["match_typed_subject_alt_names"] = [
+                {"san_type": kind, "matcher": {"exact": server_name}}]
+    return {"name": "envoy.transport_sockets.tls", "typed_config": socket}
+
+
+def _host(host: str) -> str:
+    """A host as it goes before ``:port`` (an IPv6 address in brackets)."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def _unbracketed(host: str) -> str:
+    return host[1:-1] if host.startswith("[") else host
 
 
 def _model_cluster(name: str, endpoints: tuple[str, ...]) -> dict[str, Any]:
@@ -621,15 +761,8 @@ def _picker_cluster(name: str, host: str, port: int, tls: bool) -> dict[str, Any
         "load_assignment": _endpoints(name, (f"{host}:{port}",)),
     }
     if tls:
-        cluster["transport_socket"] = {
-            "name": "envoy.transport_sockets.tls",
-            "typed_config": {
-                "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3."
-                         "UpstreamTlsContext",
-                # An empty validation context: the certificate is not verified.
-                "common_tls_context": {"validation_context": {}},
-            },
-        }
+        # As Envoy AI Gateway generates it: no ALPN, not verified.
+        cluster["transport_socket"] = _tls_socket(None, alpn=False)
     return cluster
 
 

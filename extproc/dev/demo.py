@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from ..adapter.contract import DIAGNOSTIC_HEADERS, REPLAY_HEADER, WORKER_HEADER
+from ..observability.explain import explain
 from ..observability.timeline import timeline
 from .harness import Stack, run_stack
 from .records import fetch_records
@@ -161,14 +162,14 @@ def run_demo(config_path: str | None, workdir: str | Path | None = None,
         for row in rows:
             print("  ".join(row[k].ljust(w) for k, w in widths.items()))
         record = admin_get(stack, f"/v1/replay/{rows[1]['replay']}", token)
-        print(f"\nreplay record of turn 2 ({rows[1]['replay']}):")
-        print(json.dumps({k: record[k] for k in ("model", "action", "phase", "reason", "lock")}))
+        print(f"\nturn 2, as `saar replay show {rows[1]['replay']}` tells it:")
+        print(explain(record))
         violations = _violations(stack)
         print(f"continuity violations reported by the model servers: {violations}")
         trace = place / "demo-timeline.json"
         trace.write_text(json.dumps(timeline(fetch_records(stack.processor_http, token))))
-        print(f"\nweb view:  {stack.processor_http}/ui  (sign in with the admin token in "
-              f"{token_file})")
+        print(f"\nweb view:  {stack.processor_http}/ui#{rows[1]['replay']}  (turn 2; sign in "
+              f"with the admin token in {token_file})")
         print(f"timeline:  {trace}  (open it at https://ui.perfetto.dev or chrome://tracing)")
         print(f"records:   {config['replay']['jsonl_path']}  (saar trace export --replay …, "
               "saar replay what-if --replay … --config NEW.yaml)")

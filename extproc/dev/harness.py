@@ -29,7 +29,7 @@ from typing import IO, Any
 
 import yaml
 
-from ..adapter.bootstrap import EnvoyPorts, GatewayPool, bootstrap, gateway_bootstrap
+from ..adapter.bootstrap import EnvoyPorts, GatewayPool, ProcessorTls, bootstrap, gateway_bootstrap
 from ..config import parse_config
 
 READY_TIMEOUT = 30.0
@@ -383,6 +383,7 @@ def run_stack(
     kv_events_tokenizer: Path | None = None,
     replicas: int = 1,
     store: str | None = None,
+    processor_tls: ProcessorTls | None = None,
 ) -> Iterator[Stack]:
     """Start sims, a store (``store``: a ``store_server`` kind), the processor replicas
     and Envoy; stop them after.
@@ -393,6 +394,7 @@ def run_stack(
     ``kv_events_tokenizer`` runs the precise prefix index: every simulator tokenizes with that
     file and publishes vLLM KV events on a port of its own, and the processor subscribes.
     ``replicas`` processors share their state through the store (give one).
+    ``processor_tls`` is how Envoy verifies processors that serve TLS (``server.tls``).
     """
     tmp = Path(workdir or tempfile.mkdtemp(prefix="saar-stack-"))
     tmp.mkdir(parents=True, exist_ok=True)
@@ -437,7 +439,8 @@ def run_stack(
             processors.append(Processor(service, grpc_port, http_port))
         envoy_ports = EnvoyPorts(listen=free_port(), admin=free_port(),
                                  processor_port=ports[0][0],
-                                 replicas=tuple(g for g, _ in ports[1:]))
+                                 replicas=tuple(g for g, _ in ports[1:]),
+                                 processor_tls=processor_tls)
         access_log = tmp / "access.log"
         envoy_yaml = tmp / "envoy.yaml"
         envoy_doc = bootstrap(parse_config(config), envoy_ports, access_log=str(access_log))

@@ -8,10 +8,14 @@ meanwhile. The queue is bounded (``max_pending``: beyond, the oldest wait is dro
 counted), and so is the store: every key expires after ``ttl_seconds``, and a session's id list
 keeps its newest ``session_records``. Keys sit beside the state layer's, on its server
 (``{prefix}:v1:r:{id}`` the record as JSON, ``…:rs:{tenant}/{session}`` the session's ids,
-``…:rt:{session}`` the tenants that used that session id, for the admin's lookup).
+``…:rt:{session}`` the tenants that used that session id, for the admin's lookup;
+``…:sl:{tenant}/{session}`` each record's ``LINE_FIELDS`` by id, what a session's summary
+reads; ``…:ss`` and ``…:st:{tenant}`` the sessions by their last record's time, newest kept:
+the web view's list).
 
 ``ReplayLookup`` reads the local store first, then the shared one; a session's records are the
-union of both (its turns may have been routed by several replicas).
+union of both (its turns may have been routed by several replicas), and so is the list of
+recent sessions (each replica lists every replica's).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -39,6 +43,21 @@ SCHEMA = "v1"
 TIMEOUT_SECONDS = 2.0
 """Per round trip: off the request path, so it can wait longer than the state layer does."""
 BATCH = 500
+RECENT_SESSIONS = 10_000
+"""Sessions the recent-sessions index keeps (the newest), besides its TTL."""
+LINE_FIELDS = ("replay_id", "time", "session", "model", "decision", "phase", "action", "lock",
+               "reset")
+"""What a session's summary needs of a record (``observability.sessions.summarize``), kept
+per record beside it: listing sessions reads these, never whole records."""
+OUTCOME_FIELDS = ("status", "aborted", "usage")
+
+
+def line(record: Record) -> Record:
+    """The part of a record a session's summary reads."""
+    out = {k: record.get(k) for k in LINE_FIELDS}
+    outcome = record.get("outcome") or {}
+    out["outcome"] = {k: outcome[k] for k in OUTCOME_FIELDS if k in outcome}
+    return out
 
 
 def connect(url: str) -> Redis | RedisCluster:
@@ -109,10 +128,16 @@ class SharedReplay:
         if not batch:
             return True
         pipe = self._redis.pipeline(transaction=False)
+        recent: dict[str, dict[bytes, float]] = {}
         for replay_id, (record, new) in batch:
             pipe.set(self._key("r", replay_id), orjson.dumps(record), px=self._ttl_ms)
             key = session_key(record)
-            if new and key is not None:
+            if key is None:
+                continue
+            lines = self._key("sl", f"{key[0]}/{key[1]}")
+            pipe.hset(lines, replay_id, orjson.dumps(line(record)))
+            pipe.pexpire(lines, self._ttl_ms)
+            if new:
                 ids = self._session_list(key)
                 pipe.rpush(ids, replay_id)
                 pipe.ltrim(ids, -self._session_records, -1)
@@ -120,6 +145,16 @@ class SharedReplay:
                 tenants = self._key("rt", key[1])
                 pipe.sadd(tenants, key[0])
                 pipe.pexpire(tenants, self._ttl_ms)
+                member = orjson.dumps(list(key))
+                for index in (self._key("ss", ""), self._key("st", key[0])):
+                    stamps = recent.setdefault(index, {})
+                    stamps[member] = max(stamps.get(member, 0.0), float(record["time"]))
+        oldest = time.time() - self._ttl_ms / 1000
+        for index, stamps in recent.items():
+            pipe.zadd(index, stamps, gt=True)       # another replica's newer turn stays
+            pipe.zremrangebyscore(index, "-inf", oldest)
+            pipe.zremrangebyrank(index, 0, -RECENT_SESSIONS - 1)
+            pipe.pexpire(index, self._ttl_ms)
         started = time.perf_counter()
         try:
             await asyncio.wait_for(pipe.execute(), TIMEOUT_SECONDS)
@@ -160,6 +195,30 @@ class SharedReplay:
         values = await asyncio.wait_for(pipe.execute(), TIMEOUT_SECONDS)
         records = [orjson.loads(v) for v in values if v is not None]
         return sorted(records, key=lambda r: r["time"])
+
+    async def recent_sessions(self, tenant: str | None, limit: int) -> list[
+            tuple[SessionKey, float]]:
+        """The most recently active sessions first, with their last record's time
+        (``tenant``'s only unless None)."""
+        index = self._key("ss", "") if tenant is None else self._key("st", tenant)
+        found: list[Any] = await asyncio.wait_for(
+            self._redis.zrevrange(index, 0, limit - 1, withscores=True), TIMEOUT_SECONDS)
+        out: list[tuple[SessionKey, float]] = []
+        for member, score in found:
+            tenant_id, session_id = orjson.loads(member)
+            out.append(((str(tenant_id), str(session_id)), float(score)))
+        return out
+
+    async def session_lines(self, keys: list[SessionKey]) -> dict[SessionKey, list[Record]]:
+        """Each session's record lines (``line``), in time order, in one round trip."""
+        if not keys:
+            return {}
+        pipe = self._redis.pipeline(transaction=False)
+        for key in keys:
+            pipe.hgetall(self._key("sl", f"{key[0]}/{key[1]}"))
+        found = await asyncio.wait_for(pipe.execute(), TIMEOUT_SECONDS)
+        return {key: sorted((orjson.loads(v) for v in lines.values()), key=lambda r: r["time"])
+                for key, lines in zip(keys, found, strict=True)}
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -230,6 +289,33 @@ class ReplayLookup:
         except Exception as exc:
             log.warning("replay lookup in the shared store failed: %s", exc)
             return local
-        merged = {r["replay_id"]: r for r in shared}
-        merged.update((r["replay_id"], r) for r in local)
-        return sorted(merged.values(), key=lambda r: r["time"])
+        return _merged(shared, local)
+
+    async def sessions(self, tenant: str | None, limit: int) -> list[list[Record]]:
+        """The most recently active sessions first (``tenant``'s only unless None), each as
+        its records in time order: every replica's through the shared store (a summary's
+        lines there), this replica's whole. Without a shared store: this replica's."""
+        local = {key: self.local.for_session(key[1], key[0])
+                 for key in self.local.sessions(tenant, limit)}
+        if self.shared is None:
+            return [records for records in local.values() if records]
+        try:
+            recent = await self.shared.recent_sessions(tenant, limit)
+            keys = [key for key, _ in recent]
+            lines = await self.shared.session_lines(keys)
+        except Exception as exc:
+            log.warning("listing sessions from the shared store failed: %s", exc)
+            return [records for records in local.values() if records]
+        merged = [_merged(lines.get(key, []), local.get(key, []))
+                  for key in dict.fromkeys([*keys, *local])]
+        merged = [records for records in merged if records]
+        merged.sort(key=lambda records: records[-1]["time"], reverse=True)
+        return merged[:limit]
+
+
+def _merged(shared: list[Record], local: list[Record]) -> list[Record]:
+    """Both lists' records by id (this replica's copy wins: it is the freshest), in time
+    order."""
+    merged = {r["replay_id"]: r for r in shared}
+    merged.update((r["replay_id"], r) for r in local)
+    return sorted(merged.values(), key=lambda r: r["time"])

@@ -86,8 +86,13 @@ class RunningService:
         await asyncio.sleep(seconds)
 
     async def _readiness(self) -> None:
-        """Serve ``readiness`` once the workers are synced and the store has answered."""
+        """Serve ``readiness`` once the workers are synced and the store has answered. The
+        store is asked every poll; its silence is logged once, then every ``log_every``
+        seconds with the count of failed pings, and its answer once (a store down for an hour
+        writes 360 lines, not 36,000)."""
+        log_every = 10.0
         shared = self.state.shared
+        failures, since, logged = 0, time.monotonic(), -log_every
         while True:
             synced = self.discovery is None or self.discovery.synced
             store = shared is None
@@ -96,10 +101,20 @@ class RunningService:
                     await asyncio.wait_for(shared.ping(), 1.0)
                     store = True
                 except Exception as exc:  # unreachable yet: try again
-                    log.info("not ready: the shared store does not answer (%s)", exc)
+                    failures += 1
+                    now = time.monotonic()
+                    if now - logged >= log_every:
+                        logged = now
+                        log.warning("not ready: the shared store does not answer (%s); %d "
+                                    "pings failed in %.0f s, trying every %.1f s", exc or
+                                    type(exc).__name__, failures, now - since,
+                                    READY_POLL_SECONDS)
             if synced and store:
                 break
             await asyncio.sleep(READY_POLL_SECONDS)
+        if failures:
+            log.info("ready: the shared store answers (after %d failed pings, %.0f s)",
+                     failures, time.monotonic() - since)
         if not self._draining:
             for name in READY_SERVICES:
                 await self.health.set(name, SERVING)

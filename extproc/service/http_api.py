@@ -3,10 +3,12 @@ surfaces behind ``AdminAuth``: the replay API, session lists and timelines, and 
 
     GET  /v1/replay/{id}                  one record
     GET  /v1/replay?session_id=S[&tenant=T]   a session's records (T: the admin's choice)
-    GET  /v1/sessions[?limit=N]           recent sessions this replica routed, summarised
+    GET  /v1/sessions[?limit=N]           recent sessions, summarised: every replica's with a
+                                          shared store, else this replica's
     GET  /v1/timeline?session_id=S[&tenant=T]  Chrome trace-event JSON of the session and
                                           its sub-agents
-    GET  /ui                              the web view (a sign-in form until signed in)
+    GET  /ui[#rp-...]                     the web view (a sign-in form until signed in); a replay
+                                          id after ``#`` opens that decision
     POST /ui/login, /ui/logout            set or clear the web view's cookie
 """
 
@@ -76,14 +78,9 @@ async def _sessions(request: web.Request, caller: Caller) -> web.Response:
         limit = min(MAX_SESSIONS_LISTED, max(1, int(request.query.get("limit", "50"))))
     except ValueError:
         return web.json_response({"error": "limit must be an integer"}, status=400)
-    parts = request.app[PARTS_KEY]
-    store = parts.replay
-    listed = []
-    for tenant, session_id in store.sessions(caller.tenant, limit):
-        records = store.for_session(session_id, tenant)
-        if records:
-            listed.append(summarize(records, parts.config.models))
-    return web.json_response({"sessions": listed})
+    models = request.app[PARTS_KEY].config.models
+    found = await request.app[TELEMETRY_KEY].lookup.sessions(caller.tenant, limit)
+    return web.json_response({"sessions": [summarize(records, models) for records in found]})
 
 
 async def _timeline(request: web.Request, caller: Caller) -> web.Response:

@@ -16,7 +16,9 @@ import logging
 import os
 import socket
 import threading
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -29,32 +31,92 @@ SELF_SIGNED_DAYS = 365
 
 def self_signed(hostnames: tuple[str, ...] = ()) -> tuple[bytes, bytes]:
     """A fresh key and a certificate for it, signed by itself: (key PEM, certificate PEM)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
 
     key = ec.generate_private_key(ec.SECP256R1())
     names = hostnames or (socket.gethostname(), "localhost")
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0][:64] or "saar")])
-    alternatives: list[x509.GeneralName] = [x509.DNSName(n) for n in names if n]
-    alternatives.append(x509.IPAddress(ipaddress.ip_address("127.0.0.1")))
+    certificate = _certificate(names[0], names[0], key, key, names, SELF_SIGNED_DAYS,
+                               loopback=True)
+    return _key_pem(key), certificate
+
+
+@dataclass(frozen=True)
+class Issued:
+    """A server certificate and the CA that signed it (PEM); the CA's key is not kept."""
+
+    ca: bytes
+    certificate: bytes
+    key: bytes
+
+
+def issue(dns_names: tuple[str, ...], days: int, *, ca_name: str = "saar-extproc CA") -> Issued:
+    """A new CA, and a server certificate for ``dns_names`` it signs, both valid ``days``: what
+    a gateway verifies the service with (it trusts the CA and checks a DNS name)."""
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    if not dns_names:
+        raise ValueError("a certificate needs at least one DNS name")
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = _certificate(ca_name, ca_name, ca_key, ca_key, (), days, authority=True)
+    key = ec.generate_private_key(ec.SECP256R1())
+    certificate = _certificate(dns_names[0], ca_name, key, ca_key, dns_names, days,
+                               issuer_certificate=ca)
+    return Issued(ca, certificate, _key_pem(key))
+
+
+def _certificate(subject: str, issuer: str, key: Any, signer: Any, names: tuple[str, ...],
+                 days: int, *, authority: bool = False, loopback: bool = False,
+                 issuer_certificate: bytes | None = None) -> bytes:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    def name(text: str) -> x509.Name:
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, text[:64] or "saar")])
+
     now = datetime.datetime.now(datetime.UTC)
-    certificate = (
+    builder = (
         x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
+        .subject_name(name(subject))
+        .issuer_name(name(issuer))
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=SELF_SIGNED_DAYS))
-        .add_extension(x509.SubjectAlternativeName(alternatives), critical=False)
-        .sign(key, hashes.SHA256())
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()),
+                       critical=False)
     )
-    key_pem = key.private_bytes(serialization.Encoding.PEM,
-                                serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption())
-    return key_pem, certificate.public_bytes(serialization.Encoding.PEM)
+    if authority:
+        builder = (builder
+                   .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+                   .add_extension(x509.KeyUsage(
+                       digital_signature=True, key_cert_sign=True, crl_sign=True,
+                       content_commitment=False, key_encipherment=False,
+                       data_encipherment=False, key_agreement=False, encipher_only=False,
+                       decipher_only=False), critical=True))
+    else:
+        alternatives: list[x509.GeneralName] = [x509.DNSName(n) for n in names if n]
+        if loopback:
+            alternatives.append(x509.IPAddress(ipaddress.ip_address("127.0.0.1")))
+        builder = builder.add_extension(x509.SubjectAlternativeName(alternatives),
+                                        critical=False)
+        if issuer_certificate is not None:
+            ca = x509.load_pem_x509_certificate(issuer_certificate)
+            builder = (builder
+                       .add_extension(x509.BasicConstraints(ca=False, path_length=None),
+                                      critical=True)
+                       .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]),
+                                      critical=False)
+                       .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
+                           ca.public_key()), critical=False))  # type: ignore[arg-type]
+    return builder.sign(signer, hashes.SHA256()).public_bytes(serialization.Encoding.PEM)
+
+
+def _key_pem(key: Any) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
 
 
 class CertificateFiles:

@@ -1,12 +1,22 @@
 from __future__ import annotations
 
+import json
 import subprocess
+from dataclasses import replace
 
 import pytest
 import yaml
 
-from extproc.adapter.bootstrap import EnvoyPorts, render
-from extproc.config import load_config
+from extproc.adapter.bootstrap import (
+    EnvoyPorts,
+    ProcessorTls,
+    bootstrap,
+    fragment,
+    render,
+    render_fragment,
+)
+from extproc.adapter.contract import OBSERVE_FILTER, OBSERVER, PROCESSOR, ROUTING_FILTER
+from extproc.config import Tls, load_config
 from extproc.dev.harness import envoy_binary
 from tests.conftest import EXAMPLE_CONFIG, ROOT
 
@@ -65,7 +75,7 @@ def test_model_routes_retry_before_the_answer_starts_and_only_there():
     """Issue 9, item 15: connect failures, resets and 502/503/529, a few times with backoff;
     the default route (non-LLM traffic) is not retried."""
     _, routes, clusters = hcm_and_routes()
-    model_routes = [r for r in routes if "cluster_header" in r["route"]]
+    model_routes = [r for r in routes if "cluster_header" in r.get("route", {})]
     assert len(model_routes) == 2
     for route in model_routes:
         policy = route["route"]["retry_policy"]
@@ -108,3 +118,138 @@ def test_the_listener_is_on_loopback_by_default():
     address = doc["static_resources"]["listeners"][0]["address"]["socket_address"]
     assert address["address"] == "127.0.0.1"
     assert doc["admin"]["address"]["socket_address"]["address"] == "127.0.0.1"
+
+
+def _tls_config(enabled: bool = True):
+    config = load_config(EXAMPLE_CONFIG)
+    return replace(config, server=replace(config.server, tls=Tls(enabled=enabled)))
+
+
+def _sockets(doc: dict) -> dict[str, dict | None]:
+    clusters = doc["static_resources"]["clusters"] if "static_resources" in doc \
+        else doc["clusters"]
+    return {c["name"]: c.get("transport_socket") for c in clusters}
+
+
+def test_output_has_no_yaml_anchors():
+    """A part copied out of the output stands on its own (no &id001 / *id001)."""
+    config = load_config(EXAMPLE_CONFIG)
+    for text in (example_render(), render_fragment(config, EnvoyPorts())):
+        assert "&id" not in text and "*id" not in text
+    assert "&id" not in CHECKED_IN.read_text()
+
+
+def test_the_fragment_is_the_filters_the_processor_clusters_and_their_routes():
+    config = load_config(EXAMPLE_CONFIG)
+    parts = fragment(config, EnvoyPorts())
+    assert list(parts) == ["http_filters", "clusters", "routes"]
+    assert [f["name"] for f in parts["http_filters"]] == [ROUTING_FILTER, OBSERVE_FILTER]
+    assert [c["name"] for c in parts["clusters"]] == [PROCESSOR, OBSERVER]
+    full = bootstrap(config, EnvoyPorts())
+    hcm = full["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0][
+        "typed_config"]
+    assert parts["http_filters"] == hcm["http_filters"][:2]        # the same, not a twin
+    assert parts["routes"] == hcm["route_config"]["virtual_hosts"][0]["routes"][:-1]
+    text = render_fragment(config, EnvoyPorts(), source="config/example.yaml")
+    assert text.startswith("# saar-extproc for an existing Envoy (config/example.yaml)")
+    assert yaml.safe_load(text) == parts
+
+
+@pytest.mark.parametrize(("tls", "ca", "expected"), [
+    (False, None, None),
+    (True, None, {"validation_context": {}, "alpn_protocols": ["h2"]}),
+    (True, "/etc/saar/ca.crt", {"alpn_protocols": ["h2"], "validation_context": {
+        "trusted_ca": {"filename": "/etc/saar/ca.crt"},
+        "match_typed_subject_alt_names": [{"san_type": "DNS",
+                                           "matcher": {"exact": "saar.llm.svc"}}]}}),
+])
+def test_the_processor_clusters_carry_the_services_tls(tls, ca, expected):
+    ports = EnvoyPorts(processor_host="saar.llm.svc",
+                       processor_tls=ProcessorTls(ca) if ca else None)
+    for doc in (bootstrap(_tls_config(tls), ports), fragment(_tls_config(tls), ports)):
+        sockets = _sockets(doc)
+        for name in (PROCESSOR, OBSERVER):
+            if expected is None:
+                assert sockets[name] is None
+                continue
+            typed = sockets[name]["typed_config"]
+            assert typed["common_tls_context"] == expected
+            assert typed.get("sni") == ("saar.llm.svc" if ca else None)
+        if "static_resources" in doc:
+            assert sockets["qwen3-8b"] is None                   # the models: untouched
+
+
+def test_a_verified_ip_address_is_matched_as_an_ip_san():
+    ports = EnvoyPorts(processor_tls=ProcessorTls("/ca.pem"))
+    socket = _sockets(bootstrap(_tls_config(), ports))[PROCESSOR]["typed_config"]
+    san = socket["common_tls_context"]["validation_context"]["match_typed_subject_alt_names"]
+    assert san == [{"san_type": "IP_ADDRESS", "matcher": {"exact": "127.0.0.1"}}]
+    assert "sni" not in socket
+
+
+@pytest.mark.parametrize(("ports", "endpoints", "discovery"), [
+    (EnvoyPorts(), [("127.0.0.1", 9002)], "STATIC"),
+    (EnvoyPorts(replicas=(9012,)), [("127.0.0.1", 9002), ("127.0.0.1", 9012)], "STATIC"),
+    (EnvoyPorts(processor_host="10.0.0.1", more_processors=("10.0.0.2:9002", "[fd00::3]:9002")),
+     [("10.0.0.1", 9002), ("10.0.0.2", 9002), ("fd00::3", 9002)], "STATIC"),
+    (EnvoyPorts(processor_host="saar-0.saar", more_processors=("saar-1.saar:9002",)),
+     [("saar-0.saar", 9002), ("saar-1.saar", 9002)], "STRICT_DNS"),
+])
+def test_processors_on_several_hosts(ports, endpoints, discovery):
+    clusters = {c["name"]: c for c in bootstrap(load_config(EXAMPLE_CONFIG), ports)[
+        "static_resources"]["clusters"]}
+    for name in (PROCESSOR, OBSERVER):
+        lb = clusters[name]["load_assignment"]["endpoints"][0]["lb_endpoints"]
+        found = [(e["endpoint"]["address"]["socket_address"]["address"],
+                  e["endpoint"]["address"]["socket_address"]["port_value"]) for e in lb]
+        assert found == endpoints
+        assert clusters[name]["type"] == discovery
+
+
+def test_models_are_answered_by_envoy_from_the_config():
+    """GET /v1/models (and /v1/models/{id}) never reach a model server: one lists the logical
+    and physical models, the other one each, with their windows."""
+    _, routes, _ = hcm_and_routes()
+    answered = {r["match"]["path"]: r for r in routes if "direct_response" in r}
+    config = load_config(EXAMPLE_CONFIG)
+    names = ["auto", *config.models]
+    assert sorted(answered) == sorted(["/v1/models", *(f"/v1/models/{n}" for n in names)])
+    listing = json.loads(answered["/v1/models"]["direct_response"]["body"]["inline_string"])
+    assert [m["id"] for m in listing["data"]] == names
+    for route in answered.values():
+        assert route["match"]["headers"] == [{"name": ":method",
+                                              "string_match": {"exact": "GET"}}]
+        assert route["typed_per_filter_config"][OBSERVE_FILTER]["disabled"] is True
+    one = json.loads(answered["/v1/models/qwen3-8b"]["direct_response"]["body"]["inline_string"])
+    assert one["max_model_len"] == config.models["qwen3-8b"].context_window
+    assert routes.index(answered["/v1/models"]) == 0             # before the routed requests
+
+
+def test_fragment_with_tls_passes_envoy_validate(tmp_path):
+    """The fragment's parts, put into a minimal Envoy of one's own, validate."""
+    from extproc.service.tls import issue
+
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(issue(("saar",), days=1).ca)
+    parts = fragment(_tls_config(), EnvoyPorts(processor_tls=ProcessorTls(str(ca), "saar")))
+    manager = {
+        "@type": "type.googleapis.com/envoy.extensions.filters.network."
+                 "http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": "mine",
+        "route_config": {"virtual_hosts": [{"name": "mine", "domains": ["*"],
+                                            "routes": parts["routes"]}]},
+        "http_filters": [*parts["http_filters"], {
+            "name": "envoy.filters.http.router", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}],
+    }
+    doc = {"static_resources": {
+        "listeners": [{"name": "mine", "address": {"socket_address": {
+            "address": "127.0.0.1", "port_value": 10080}}, "filter_chains": [{"filters": [{
+                "name": "envoy.filters.network.http_connection_manager",
+                "typed_config": manager}]}]}],
+        "clusters": parts["clusters"]}}
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    result = subprocess.run([envoy_binary(), "--mode", "validate", "-c", str(path)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr[-2000:]

@@ -11,6 +11,7 @@ from . import k8s_schema
 from .support import (
     CRD_DIR,
     VALUES_FILES,
+    VENDORED_CRDS,
     Manifest,
     effective_values,
     render_chart,
@@ -57,4 +58,4 @@ def crd_validator() -> Iterator[k8s_schema.CrdValidator]:
         pytest.skip(f"upstream CRDs not found in {CRD_DIR} (the shared/k8s-crds folder beside "
                     "the checkout): InferencePool / HTTPRoute / Gateway schema and CEL checks "
                     "skipped")
-    yield k8s_schema.CrdValidator(files)
+    yield k8s_schema.CrdValidator(files + sorted(VENDORED_CRDS.glob("*.yaml")))

@@ -363,7 +363,7 @@ class CrdValidator:
 
     def _validator(self, key: tuple[str, str]) -> jsonschema.protocols.Validator:
         if key not in self._validators:
-            schema = strict_schema(self.versions[key].schema)
+            schema = strict_schema(_with_type_meta(self.versions[key].schema))
             cls = jsonschema.Draft4Validator   # OpenAPI 3.0 schemas are draft-4 shaped
             self._validators[key] = cls(schema, format_checker=cls.FORMAT_CHECKER)
         return self._validators[key]
@@ -394,6 +394,17 @@ class CrdValidator:
                     detail = f" ({problem})" if problem else ""
                     report.errors.append(f"{path or '<root>'}: {message}{detail}")
         return report
+
+
+def _with_type_meta(schema: dict) -> dict:
+    """The root as the server sees it: apiVersion, kind and metadata are always allowed (a CRD
+    may leave them out of its schema, as Istio's do)."""
+    schema = copy.deepcopy(schema)
+    properties = schema.setdefault("properties", {})
+    properties.setdefault("apiVersion", {"type": "string"})
+    properties.setdefault("kind", {"type": "string"})
+    properties.setdefault("metadata", {"type": "object"})
+    return schema
 
 
 def _schema_rules(schema: Any, path: str) -> Iterator[tuple[str, dict]]:

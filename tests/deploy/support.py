@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import io
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,7 +17,11 @@ from . import k8s_schema
 ROOT = Path(__file__).resolve().parent.parent.parent
 CHART = ROOT / "deploy" / "helm" / "saar-extproc"
 EXAMPLES = ROOT / "deploy" / "examples"
-CRD_DIR = ROOT.parent / "shared" / "k8s-crds"
+CRD_DIR = next((p / "shared" / "k8s-crds" for p in ROOT.parents
+                if (p / "shared" / "k8s-crds").is_dir()), ROOT.parent / "shared" / "k8s-crds")
+"""The shared upstream CRDs, beside the checkout (found from a worktree too)."""
+VENDORED_CRDS = Path(__file__).resolve().parent / "crds"
+"""The CRDs of the examples' gateway kinds and the chart's options (README there)."""
 RELEASE = "saar-extproc"
 NAMESPACE = "llm"
 
@@ -97,3 +104,57 @@ def container(deployment: dict, name: str | None = None) -> dict:
 
 def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in selector.items())
+
+
+@dataclass
+class Provisioned:
+    """What the chart's provision Job creates in an empty namespace (its real command, against
+    a stand-in API server), and the requests it made."""
+
+    objects: dict[tuple[str, str], dict]
+    """(kind, name) → the object."""
+    requests: list[tuple[str, str]]
+    output: str
+
+    def data(self, kind: str, name: str) -> dict[str, str]:
+        obj = self.objects[(kind, name)]
+        data = obj.get("data") or {}
+        if kind == "Secret":
+            return {k: base64.b64decode(v).decode() for k, v in data.items()}
+        return dict(data)
+
+
+def provision_job(manifest: Manifest) -> dict | None:
+    jobs = manifest.component("Job", "provision")
+    assert len(jobs) <= 1
+    return jobs[0] if jobs else None
+
+
+def run_provision(manifest: Manifest, tmp: Path,
+                  existing: list[dict] | None = None) -> Provisioned:
+    """Run the render's provision Job command (``saar provision ...``) against a stand-in API
+    server holding ``existing`` objects; an empty result when the render has no Job."""
+    from extproc.cli import main
+
+    from .fake_api import fake_api
+
+    job = provision_job(manifest)
+    with fake_api() as api:
+        for obj in existing or []:
+            api.put(NAMESPACE, obj)
+        output = ""
+        if job is not None:
+            saar = container(job)
+            assert saar["command"] == ["saar"]
+            kubeconfig = tmp / "kubeconfig"
+            kubeconfig.write_text(yaml.safe_dump({
+                "apiVersion": "v1", "kind": "Config", "current-context": "test",
+                "clusters": [{"name": "test", "cluster": {"server": api.url}}],
+                "contexts": [{"name": "test", "context": {"cluster": "test", "user": "u"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}]}))
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                assert main([*saar["args"], "--kubeconfig", str(kubeconfig)]) == 0
+            output = out.getvalue()
+        objects = {(o["kind"], o["metadata"]["name"]): o for o in api.objects.values()}
+        return Provisioned(objects, list(api.requests), output)

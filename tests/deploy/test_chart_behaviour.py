@@ -6,12 +6,17 @@ from __future__ import annotations
 import base64
 from typing import Any
 
+import helm_python
+import pytest
+
 from .support import (
     NAMESPACE,
     Manifest,
     ci_values,
     container,
+    provision_job,
     render_chart,
+    run_provision,
     selects,
     service_config,
     values_of,
@@ -239,8 +244,13 @@ def test_tls_values_still_get_the_grpc_probes() -> None:
     assert plaintext["readinessProbe"]["httpGet"]["path"] == "/healthz"
 
 
+def _workloads(manifest: Manifest) -> list[dict]:
+    """Every Deployment and Job of the render: each pod the chart runs."""
+    return manifest.of_kind("Deployment") + manifest.of_kind("Job")
+
+
 def test_every_container_requests_resources(manifest: Manifest) -> None:
-    for deployment in manifest.of_kind("Deployment"):
+    for deployment in _workloads(manifest):
         for c in deployment["spec"]["template"]["spec"]["containers"]:
             requests = c["resources"]["requests"]
             assert requests["cpu"] and requests["memory"], deployment["metadata"]["name"]
@@ -248,7 +258,7 @@ def test_every_container_requests_resources(manifest: Manifest) -> None:
 
 
 def test_pods_run_unprivileged(manifest: Manifest) -> None:
-    for deployment in manifest.of_kind("Deployment"):
+    for deployment in _workloads(manifest):
         pod = deployment["spec"]["template"]["spec"]
         assert pod["securityContext"]["runAsNonRoot"] is True
         assert pod["securityContext"]["runAsUser"] != 0
@@ -275,14 +285,14 @@ def test_graceful_shutdown(manifest: Manifest) -> None:
 # --- RBAC -------------------------------------------------------------------------------------
 
 def test_rbac_covers_discovery_and_nothing_more(manifest: Manifest) -> None:
-    (role,) = manifest.of_kind("Role")
+    (role,) = manifest.component("Role", "endpoint-picker")
     granted = {(group, resource, verb) for rule in role["rules"]
                for group in rule["apiGroups"] for resource in rule["resources"]
                for verb in rule["verbs"]}
     watched = (("", "pods"), ("inference.networking.k8s.io", "inferencepools"))
     needed = {(g, r, v) for g, r in watched for v in ("get", "list", "watch")}
     assert granted == needed
-    (binding,) = manifest.of_kind("RoleBinding")
+    (binding,) = manifest.component("RoleBinding", "endpoint-picker")
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
                                   "name": role["metadata"]["name"]}
     (subject,) = binding["subjects"]
@@ -328,10 +338,11 @@ def test_config_files_are_mounted_where_the_config_says(manifest: Manifest,
                             values["identity"]["existingSecretKey"])
         tls = config["server"]["tls"]
         assert tls["enabled"] is values["server"]["tls"]["enabled"]
-        if tls["enabled"] and values["server"]["tls"]["existingSecret"]:
+        if tls["enabled"]:   # yours, else the provisioned one (provision is on in every set)
             for key in ("cert_file", "key_file"):
                 name, item = _secret_key(*_mounted_file(deployment, tls[key]))
-                assert name == values["server"]["tls"]["existingSecret"]
+                assert name == (values["server"]["tls"]["existingSecret"]
+                                or "saar-extproc-grpc-tls")
                 assert item in ("tls.crt", "tls.key")
         else:
             assert tls["cert_file"] is None and tls["key_file"] is None
@@ -385,13 +396,26 @@ def _contains(big: Any, small: Any) -> bool:
     return bool(big == small)
 
 
+def test_every_replicated_role_shares_a_store(manifest: Manifest) -> None:
+    """The locks survive a turn that reaches another replica: every role with more than one
+    replica (all of them, by default) reads and writes the same store."""
+    urls = set()
+    for deployment in _saar_deployments(manifest):
+        assert deployment["spec"]["replicas"] >= 2
+        state = service_config(manifest, deployment["metadata"]["name"])["state"]
+        assert state["store"] == "redis", deployment["metadata"]["name"]
+        urls.add(state["redis_url"])
+    assert len(urls) == 1
+
+
 def test_state_store(rendered_all: dict[str, Manifest]) -> None:
-    assert service_config(rendered_all["default"], ROUTER)["state"] == {"store": "memory"}
-    ha = rendered_all["ha-redis"]
-    state = service_config(ha, ROUTER)["state"]
-    assert state["store"] == "redis" and state["timeout_ms"] == 50
-    redis = ha.get("Service", "saar-extproc-redis")
-    assert state["redis_url"] == f"redis://{redis['metadata']['name']}:{redis['spec']['ports'][0]['port']}/0"
+    for name in ("default", "ha-redis"):
+        manifest = rendered_all[name]
+        state = service_config(manifest, ROUTER)["state"]
+        assert state["store"] == "redis" and state["timeout_ms"] == 50
+        redis = manifest.get("Service", "saar-extproc-redis")
+        port = redis["spec"]["ports"][0]["port"]
+        assert state["redis_url"] == f"redis://{redis['metadata']['name']}:{port}/0"
     external = service_config(rendered_all["plaintext"], ROUTER)["state"]
     assert external == {"store": "redis", "redis_url": ci_values("plaintext")["redis"]["url"],
                         "timeout_ms": 30}
@@ -406,12 +430,40 @@ def test_a_cluster_url_reaches_the_config_and_passes_its_schema() -> None:
     assert parse_config(config).state.redis_url == url
 
 
+@pytest.mark.parametrize(("values", "message"), [
+    ({"redis": {"enabled": False}}, "router.replicas=2: without a shared store"),
+    ({"redis": {"enabled": False}, "router": {"replicas": 1}},
+     "the endpoint picker of qwen3-8b has 2 replicas: without a shared store"),
+    ({"redis": {"enabled": False}, "router": {"replicas": 1}, "epp": {"replicas": 1},
+      "models": [{"name": "m", "pool": {"selector": {"app": "m"}, "targetPorts": [8000]},
+                  "epp": {"replicas": 3}}],
+      "routing": {"decisions": [{"name": "d", "modelRefs": [{"model": "m"}]}]}},
+     "the endpoint picker of m has 3 replicas"),
+])
+def test_replicas_without_a_store_are_refused(values: dict[str, Any], message: str) -> None:
+    with pytest.raises(helm_python.HelmRenderError) as caught:
+        render_chart(values)
+    assert message in str(caught.value)
+
+
+def test_one_replica_each_runs_without_a_store() -> None:
+    single = {"replicas": 1, "pdb": {"enabled": False, "maxUnavailable": 1}}
+    manifest = render_chart({"redis": {"enabled": False}, "router": single, "epp": single})
+    assert manifest.component("Deployment", "redis") == []
+    assert service_config(manifest, ROUTER)["state"] == {"store": "memory"}
+    assert "Shared state: none (every role runs one replica)" in manifest.notes
+
+
 def test_bundled_redis_only_when_asked_and_only_for_the_chart(
         rendered_all: dict[str, Manifest]) -> None:
-    for name in ("default", "plaintext"):
-        assert rendered_all[name].component("Deployment", "redis") == []
-        assert rendered_all[name].of_kind("NetworkPolicy") == []
-    ha = rendered_all["ha-redis"]
+    plaintext = rendered_all["plaintext"]          # redis.url: no bundled one
+    assert plaintext.component("Deployment", "redis") == []
+    assert plaintext.of_kind("NetworkPolicy") == []
+    for name in ("default", "ha-redis"):
+        _bundled_redis_reached_only_by_the_chart(rendered_all[name])
+
+
+def _bundled_redis_reached_only_by_the_chart(ha: Manifest) -> None:
     (redis,) = ha.component("Deployment", "redis")
     assert redis["spec"]["replicas"] == 1
     assert selects(ha.get("Service", "saar-extproc-redis")["spec"]["selector"], _pod_labels(redis))
@@ -425,24 +477,106 @@ def test_bundled_redis_only_when_asked_and_only_for_the_chart(
     assert ingress["ports"] == [{"port": 6379, "protocol": "TCP"}]
 
 
-def test_generated_credentials(default_manifest: Manifest) -> None:
-    again = render_chart()
-    for name, key, length in (("saar-extproc-admin", "token", 48),
-                              ("saar-extproc-identity", "secret", 64)):
-        secret = default_manifest.get("Secret", name)
-        value = base64.b64decode(secret["data"][key]).decode()
-        assert len(value) == length and value.isalnum()
-        assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
-        assert again.get("Secret", name)["data"][key] != secret["data"][key]   # random
+def test_renders_draw_nothing_random(values_name: str) -> None:
+    """A GitOps tool renders with `helm template` at every sync, where `lookup` sees no
+    cluster: two renders are the same, so nothing (token, tenant secret, certificate)
+    rotates; the provision Job makes what is missing, once."""
+    assert render_chart(values_of(values_name)).objects == \
+        render_chart(values_of(values_name)).objects
 
 
-def test_provided_credentials(rendered_all: dict[str, Manifest]) -> None:
+def test_the_provision_job_makes_what_the_pods_mount(manifest: Manifest,
+                                                     values: dict[str, Any], tmp_path) -> None:
+    """Every Secret a pod mounts is rendered, the operator's (an existingSecret), or made by
+    the provision Job with the keys the pod reads."""
+    made = run_provision(manifest, tmp_path)
+    rendered = manifest.names("Secret")
+    yours = {values["admin"]["existingSecret"], values["identity"]["existingSecret"],
+             values["server"]["tls"]["existingSecret"]} - {""}
+    for deployment in _saar_deployments(manifest):
+        for volume in deployment["spec"]["template"]["spec"]["volumes"]:
+            if "secret" not in volume:
+                continue
+            name = volume["secret"]["secretName"]
+            if name in rendered or name in yours:
+                assert ("Secret", name) not in made.objects, name
+                continue
+            assert ("Secret", name) in made.objects, (deployment["metadata"]["name"], name)
+            keys = {i["key"] for i in volume["secret"]["items"]}
+            assert keys <= set(made.data("Secret", name)), (name, keys)
+    for (_, name), _obj in made.objects.items():      # nothing it makes is rendered too
+        assert name not in manifest.names("Secret")
+
+
+def test_generated_credentials(default_manifest: Manifest, tmp_path) -> None:
+    assert default_manifest.of_kind("Secret") == []
+    made = run_provision(default_manifest, tmp_path)
+    for name, key in (("saar-extproc-admin", "token"), ("saar-extproc-identity", "secret")):
+        value = made.data("Secret", name)[key]
+        assert len(value) == 48 and value.isalnum()
+    again = run_provision(default_manifest, tmp_path)
+    assert again.data("Secret", "saar-extproc-identity") != \
+        made.data("Secret", "saar-extproc-identity")              # random per namespace...
+    kept = run_provision(default_manifest, tmp_path, existing=list(made.objects.values()))
+    assert kept.objects == made.objects                         # ...and never changed after
+    assert all(r[0] == "GET" for r in kept.requests)
+
+
+def test_the_provision_job_runs_as_a_hook_with_just_enough_rights(
+        manifest: Manifest, tmp_path) -> None:
+    job = provision_job(manifest)
+    assert job is not None
+    hook = job["metadata"]["annotations"]
+    assert hook["helm.sh/hook"] == "pre-install,pre-upgrade"
+    assert "hook-succeeded" in hook["helm.sh/hook-delete-policy"]
+    pod = job["spec"]["template"]["spec"]
+    assert container(job)["image"] == container(manifest.get("Deployment", ROUTER))["image"]
+    (role,) = manifest.component("Role", "provision")
+    (binding,) = manifest.component("RoleBinding", "provision")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"][0]["name"] == pod["serviceAccountName"]
+    for obj in (role, binding, manifest.get("ServiceAccount", pod["serviceAccountName"])):
+        assert int(obj["metadata"]["annotations"]["helm.sh/hook-weight"]) < \
+            int(hook["helm.sh/hook-weight"])            # in place before the Job runs
+    # Every request the Job made, first run and second, is one its Role allows.
+    made = run_provision(manifest, tmp_path)
+    again = run_provision(manifest, tmp_path, existing=list(made.objects.values()))
+    for method, path in made.requests + again.requests:
+        parts = path.split("?")[0].split("/")       # /api/v1/namespaces/NS/KIND[/NAME]
+        resource, name = parts[5], (parts[6] if len(parts) > 6 else None)
+        verb = {"GET": "get", "PUT": "update", "POST": "create"}[method]
+        assert _allows(role, resource, verb, name), (method, path)
+    assert not _allows(role, "secrets", "get", "someone-elses-secret")
+    assert not _allows(role, "secrets", "delete", "saar-extproc-admin")
+
+
+def _allows(role: dict, resource: str, verb: str, name: str | None) -> bool:
+    return any(resource in rule["resources"] and verb in rule["verbs"]
+               and ((name is None and "resourceNames" not in rule)
+                    or (name is not None and name in rule.get("resourceNames", [name])))
+               for rule in role["rules"])
+
+
+def test_provided_credentials(rendered_all: dict[str, Manifest], tmp_path) -> None:
     plaintext = rendered_all["plaintext"]
     secret = plaintext.get("Secret", "saar-extproc-identity")
     assert base64.b64decode(secret["data"]["secret"]).decode() == \
         ci_values("plaintext")["identity"]["tenantSecret"]
     ha = rendered_all["ha-redis"]
-    assert "saar-extproc-admin" not in ha.names("Secret")   # existingSecret: nothing rendered
+    assert "saar-admin" not in ha.names("Secret")           # existingSecret: nothing rendered
+    made = run_provision(ha, tmp_path)                      # ... nor provisioned
+    assert {name for _, name in made.objects} == {"saar-extproc-identity"}
+
+
+def test_without_provision_every_credential_is_yours() -> None:
+    with pytest.raises(helm_python.HelmRenderError, match=r"admin: with provision\.enabled=false"):
+        render_chart({"provision": {"enabled": False}})
+    manifest = render_chart({"provision": {"enabled": False},
+                             "admin": {"existingSecret": "a"},
+                             "identity": {"existingSecret": "i"}})
+    assert provision_job(manifest) is None
+    tls = service_config(manifest, ROUTER)["server"]["tls"]
+    assert tls == {"enabled": True, "cert_file": None, "key_file": None}   # self-signed per pod
 
 
 def test_config_changes_roll_the_pods() -> None:
@@ -462,6 +596,44 @@ def test_metrics_are_scrapeable(manifest: Manifest, values: dict[str, Any]) -> N
         assert annotations["prometheus.io/path"] == "/metrics"
 
 
-def test_notes_warn_about_per_replica_memory(rendered_all: dict[str, Manifest]) -> None:
-    assert "state.store is memory with more than one replica" in rendered_all["default"].notes
-    assert "state.store is memory" not in rendered_all["ha-redis"].notes
+def test_notes_say_where_state_and_credentials_are(rendered_all: dict[str, Manifest]) -> None:
+    notes = rendered_all["default"].notes
+    assert "Shared state: the bundled Valkey saar-extproc-redis" in notes
+    assert "signed by the CA in ConfigMap and Secret saar-extproc-grpc-ca" in notes
+    assert "Shared state: redis.url" in rendered_all["plaintext"].notes
+
+
+def test_service_monitor_scrapes_the_router_and_every_picker(
+        rendered_all: dict[str, Manifest]) -> None:
+    manifest = rendered_all["ha-redis"]
+    (monitor,) = manifest.of_kind("ServiceMonitor")
+    spec = monitor["spec"]
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert spec["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    (expression,) = spec["selector"]["matchExpressions"]
+    scraped = []
+    for service in manifest.of_kind("Service"):
+        labels = service["metadata"]["labels"]
+        if selects(spec["selector"]["matchLabels"], labels) and \
+                labels[expression["key"]] in expression["values"]:
+            scraped.append(service["metadata"]["name"])
+            ports = {p["name"] for p in service["spec"]["ports"]}
+            assert {e["port"] for e in spec["endpoints"]} <= ports
+    assert sorted(scraped) == sorted(d["metadata"]["name"] for d in _saar_deployments(manifest))
+    (endpoint,) = spec["endpoints"]
+    assert endpoint["path"] == "/metrics"
+    assert rendered_all["default"].of_kind("ServiceMonitor") == []
+
+
+def test_the_dashboard_config_map_is_the_dashboard(rendered_all: dict[str, Manifest]) -> None:
+    import json
+
+    from .support import ROOT
+
+    manifest = rendered_all["ha-redis"]
+    board = manifest.get("ConfigMap", "saar-extproc-dashboard")
+    assert board["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert board["metadata"]["annotations"] == {"grafana_folder": "LLM"}
+    shipped = (ROOT / "deploy" / "grafana" / "saar-dashboard.json").read_text()
+    assert json.loads(board["data"]["saar-extproc.json"]) == json.loads(shipped)
+    assert "saar-extproc-dashboard" not in rendered_all["default"].names("ConfigMap")

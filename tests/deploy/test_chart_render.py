@@ -4,6 +4,7 @@ values schema and template checks refuse inconsistent values."""
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import helm_python
@@ -30,8 +31,11 @@ def test_every_values_set_renders_the_same_kinds_of_object(rendered_all) -> None
             "PodDisruptionBudget", "InferencePool", "HTTPRoute"}
     for name, found in kinds.items():
         assert base <= found, (name, base - found)
-    assert "Secret" in kinds["default"]
-    assert "NetworkPolicy" in kinds["ha-redis"] and "NetworkPolicy" not in kinds["default"]
+    assert "Job" in kinds["default"] and "Secret" not in kinds["default"]   # provisioned
+    assert "Secret" in kinds["plaintext"]                                   # given as values
+    assert "NetworkPolicy" in kinds["default"] and "NetworkPolicy" not in kinds["plaintext"]
+    assert {"ServiceMonitor", "ConfigMap"} <= kinds["ha-redis"]
+    assert "ServiceMonitor" not in kinds["default"]
 
 
 @pytest.mark.parametrize(("values", "message"), [
@@ -52,6 +56,22 @@ def test_every_values_set_renders_the_same_kinds_of_object(rendered_all) -> None
     ({"redis": {"url": "http://not-redis:6379"}}, "/redis/url"),
     ({"routing": {"modelHeader": "bad header"}}, "/routing/modelHeader"),
     ({"image": {"digest": "sha256:short"}}, "/image/digest"),
+    # The service's own config model: a typo, a range, a type, a key the chart owns.
+    ({"config": {"limts": {"max_body_bytes": 1024}}}, "additional properties 'limts'"),
+    ({"config": {"limits": {"max_body_byte": 1024}}}, "additional properties 'max_body_byte'"),
+    ({"config": {"memory": {"session_ttl_seconds": 0}}}, "/config/memory/session_ttl_seconds"),
+    ({"config": {"health": {"failure_threshold": "3"}}}, "/config/health/failure_threshold"),
+    ({"config": {"identity": {"tenant_secret_file": "/x"}}}, "/config/identity"),
+    ({"router": {"config": {"limts": {}}}}, "/router/config"),
+    ({"epp": {"config": {"scheduling": {"admission": {"enabled": "yes"}}}}}, "/epp/config"),
+    ({"epp": {"scheduling": {"scorerz": {}}}}, "/epp/scheduling"),
+    ({"epp": {"scheduling": {"discovery": {"mode": "static"}}}}, "/epp/scheduling"),
+    ({"routing": {"decisions": [{"name": "d", "modelRefs": [{"model": "qwen3-8b"}],
+                                 "rules": {"keyword": ["x"]}}]}}, "/routing/decisions/0"),
+    ({"models": [{**_model("m"), "quality": 2}]}, "/models/0/quality"),
+    ({"models": [{**_model("m"), "config": {"endpoints": ["no-port"]}}]}, "/models/0/config"),
+    ({"metrics": {"serviceMonitor": {"interval": "soon"}}}, "/metrics/serviceMonitor/interval"),
+    ({"provision": {"certificateDays": 0}}, "/provision/certificateDays"),
 ])
 def test_values_schema_rejects(values: dict[str, Any], message: str) -> None:
     with pytest.raises(helm_python.HelmValuesError, match="schema") as caught:
@@ -80,6 +100,42 @@ def test_sixteen_models_and_a_default_rule_overflow_the_httproute() -> None:
     with pytest.raises(helm_python.HelmRenderError, match="at most 16 rules"):
         render_chart({"models": models, "routing": {"decisions": decisions},
                       "httpRoute": {"defaultModel": "m0"}})
+
+
+def test_the_schema_of_the_config_values_is_the_config_models() -> None:
+    """values.schema.json's config parts are generated from extproc.config (run
+    `python -m extproc.dev.chart_schema` after changing the config model)."""
+    from extproc.dev.chart_schema import SCHEMA_FILE, render
+
+    assert SCHEMA_FILE == CHART / "values.schema.json"
+    current = SCHEMA_FILE.read_text()
+    assert current == render(json.loads(current))
+
+
+def test_the_generated_schema_follows_the_config_model() -> None:
+    """The schema is derived, not copied: a key of the model is in it, with its range."""
+    from extproc.dev.chart_schema import generate
+
+    schema = generate(json.loads((CHART / "values.schema.json").read_text()))
+    limits = schema["definitions"]["saar.Limits"]
+    assert limits["additionalProperties"] is False
+    assert limits["properties"]["max_body_bytes"]["minimum"] == 1
+    assert schema["properties"]["config"]["properties"]["server"] is False
+
+
+def test_values_the_service_accepts_pass_the_schema() -> None:
+    """The keys of config/example.yaml the chart does not own render (the schema is not
+    stricter than the service)."""
+    import yaml
+
+    from .support import ROOT
+
+    example = yaml.safe_load((ROOT / "config" / "example.yaml").read_text())
+    owned = ("server", "state", "admin", "models", "routing")
+    config = {k: v for k, v in example.items() if k not in owned}
+    config.get("scheduling", {}).pop("discovery", None)
+    assert config, "config/example.yaml has keys beyond the chart's own"
+    render_chart({"config": config})
 
 
 def test_two_releases_in_one_namespace_share_no_object_name() -> None:

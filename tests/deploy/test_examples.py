@@ -1,7 +1,8 @@
 """The gateway attachment examples point at what the chart renders (release saar-extproc in
-namespace llm) and ask for the processing the router needs: request headers, the buffered
-(or full-duplex) request body and response headers, failing closed. Istio's raw Envoy config
-is checked against Envoy's own protos and by `envoy --mode validate`."""
+namespace llm) and its provision Job makes, and ask for the processing the router needs:
+request headers, the buffered (or full-duplex) request body and response headers, failing
+closed, the router's certificate verified. Istio's raw Envoy config is checked against Envoy's
+own protos and by `envoy --mode validate`."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 import yaml
 from google.protobuf import json_format
 
-from .support import NAMESPACE, Manifest, example_objects
+from .support import NAMESPACE, Manifest, Provisioned, example_objects, run_provision
 
 ROUTER = "saar-extproc-router"
 EXAMPLES = example_objects()
@@ -87,8 +88,9 @@ def test_kgateway(default_manifest: Manifest) -> None:
     mode = policy["extProc"]["processingMode"]
     assert mode["requestHeaderMode"] == "SEND" and mode["responseHeaderMode"] == "SEND"
     assert mode["requestBodyMode"] in ("BUFFERED", "FULL_DUPLEX_STREAMED")
-    tls = _one("kgateway.yaml", "BackendConfigPolicy")["spec"]
-    assert tls["targetRefs"] == [{"group": "", "kind": "Service", "name": ROUTER}]
+    tls = _one("kgateway.yaml", "BackendTLSPolicy")["spec"]
+    assert tls["targetRefs"] == [{"group": "", "kind": "Service", "name": ROUTER,
+                                  "sectionName": "grpc"}]
 
 
 def _istio_patches() -> tuple[dict, dict]:
@@ -185,3 +187,97 @@ def test_istio_filter_passes_envoy_validate_mode(tmp_path: Path) -> None:
     result = subprocess.run([str(_envoy()), "--mode", "validate", "-c", str(path),
                              "--log-level", "error"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# --- every reference resolves against the default chart --------------------------------------
+
+@pytest.fixture(scope="module")
+def provisioned(default_manifest: Manifest, tmp_path_factory) -> Provisioned:
+    return run_provision(default_manifest, tmp_path_factory.mktemp("provision"))
+
+
+def _walk(node: object):
+    if isinstance(node, dict):
+        yield node
+        for value in node.values():
+            yield from _walk(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _walk(value)
+
+
+def _service_port(manifest: Manifest, name: str, port: int | None = None,
+                  section: str | None = None) -> dict:
+    service = manifest.get("Service", name)
+    ports = service["spec"]["ports"]
+    found = [p for p in ports if (port is None or p["port"] == port)
+             and (section is None or p["name"] == section)]
+    assert found, (name, port, section, ports)
+    return found[0]
+
+
+def _references(file: str) -> list[tuple[str, str, dict]]:
+    """(kind, name, the referring node) of everything an example points at outside itself."""
+    refs = []
+    for obj in EXAMPLES[file]:
+        for node in _walk(obj.get("spec", {})):
+            if node.get("kind") in ("Service", "ConfigMap", "Secret") and "name" in node:
+                refs.append((node["kind"], node["name"], node))
+            elif "backendRef" in node and isinstance(node["backendRef"], dict):
+                refs.append(("Service", node["backendRef"]["name"], node["backendRef"]))
+            if "credentialName" in node:
+                refs.append(("Secret", node["credentialName"], node))
+            cluster = node.get("cluster_name", "")
+            if cluster.startswith("outbound|"):
+                _, port, _, host = cluster.split("|")
+                name, namespace = host.split(".")[:2]
+                assert namespace == NAMESPACE, cluster
+                refs.append(("Service", name, {"port": int(port)}))
+    return refs
+
+
+@pytest.mark.parametrize("file", sorted(EXAMPLES))
+def test_every_reference_of_an_example_resolves_against_the_default_chart(
+        default_manifest: Manifest, provisioned: Provisioned, file: str) -> None:
+    refs = _references(file)
+    ca_kind = "Secret" if file == "istio.yaml" else "ConfigMap"    # where the CA is read
+    assert {kind for kind, _, _ in refs} == {"Service", ca_kind}
+    for kind, name, node in refs:
+        if kind == "Service":
+            port = _service_port(default_manifest, name, node.get("port"),
+                                 node.get("sectionName"))
+            assert port["name"] == "grpc", (file, name)     # the ext_proc port, not /metrics
+        else:
+            assert (kind, name) in provisioned.objects or name in default_manifest.names(kind), \
+                (file, kind, name)
+
+
+def _verifies(provisioned: Provisioned, ca_pem: str, hostname: str) -> None:
+    """The router's certificate (what its pods mount) is signed by ``ca_pem`` for
+    ``hostname``: the gateway's check passes."""
+    from cryptography import x509
+
+    leaf = x509.load_pem_x509_certificate(
+        provisioned.data("Secret", "saar-extproc-grpc-tls")["tls.crt"].encode())
+    leaf.verify_directly_issued_by(x509.load_pem_x509_certificate(ca_pem.encode()))
+    names = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert hostname in names.get_values_for_type(x509.DNSName)
+
+
+@pytest.mark.parametrize("file", ["envoy-gateway.yaml", "kgateway.yaml"])
+def test_backend_tls_policy_verifies_the_router_with_the_provisioned_ca(
+        provisioned: Provisioned, file: str) -> None:
+    validation = _one(file, "BackendTLSPolicy")["spec"]["validation"]
+    (ref,) = validation["caCertificateRefs"]
+    assert ref["kind"] == "ConfigMap"
+    ca = provisioned.data("ConfigMap", ref["name"])["ca.crt"]
+    _verifies(provisioned, ca, validation["hostname"])
+
+
+def test_istio_verifies_the_router_with_the_provisioned_ca(provisioned: Provisioned) -> None:
+    tls = _one("istio.yaml", "DestinationRule")["spec"]["trafficPolicy"]["tls"]
+    assert tls["mode"] == "SIMPLE" and not tls.get("insecureSkipVerify")
+    secret = provisioned.data("Secret", tls["credentialName"])
+    assert set(secret) == {"ca.crt"}               # the CA only: no key leaves the release
+    for name in {tls["sni"], *tls["subjectAltNames"]}:
+        _verifies(provisioned, secret["ca.crt"], name)

@@ -13,7 +13,7 @@ import pytest
 from . import k8s_schema
 from .support import Manifest, example_objects
 
-CUSTOM_KINDS = {"InferencePool", "HTTPRoute", "Gateway"}
+CUSTOM_KINDS = {"InferencePool", "HTTPRoute", "Gateway", "ServiceMonitor"}
 
 
 def test_every_object_is_a_core_kind_or_a_known_custom_resource(manifest: Manifest) -> None:
@@ -34,11 +34,12 @@ def test_core_objects_validate_strictly(manifest: Manifest) -> None:
 def test_custom_resources_validate_against_upstream_crds(manifest: Manifest,
                                                          crd_validator) -> None:
     custom = [o for o in manifest.objects if o["kind"] in CUSTOM_KINDS]
-    assert {o["kind"] for o in custom} == {"InferencePool", "HTTPRoute"}
+    assert {"InferencePool", "HTTPRoute"} <= {o["kind"] for o in custom}
     for obj in custom:
         report = crd_validator.validate(obj)
         assert report.errors == [], (obj["kind"], obj["metadata"]["name"])
-        assert report.rules_evaluated > 0, "CEL rules were not run"
+        if obj["kind"] in ("InferencePool", "HTTPRoute"):     # CRDs with rules on these nodes
+            assert report.rules_evaluated > 0, "CEL rules were not run"
         assert report.skipped == []
 
 

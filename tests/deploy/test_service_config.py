@@ -24,7 +24,7 @@ _UNKNOWN = re.compile(r": ([\w.\[\]-]+): unknown key$")
 
 def _configs(manifest: Manifest) -> dict[str, dict[str, Any]]:
     return {cm["metadata"]["name"]: service_config(manifest, cm["metadata"]["name"])
-            for cm in manifest.of_kind("ConfigMap")}
+            for cm in manifest.of_kind("ConfigMap") if "config.yaml" in cm["data"]}
 
 
 def _drop(data: dict, dotted: str) -> None:

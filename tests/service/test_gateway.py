@@ -159,3 +159,23 @@ async def test_kubernetes_discovery_needs_a_pool(config):
         mode="kubernetes", inference_pool="p"))
     with pytest.raises(ConfigError, match="--pool-name"):
         await start(replace(with_server(config), scheduling=scheduling))
+
+
+async def test_a_silent_store_is_logged_once_not_every_poll(config, tmp_path, caplog):
+    """Readiness asks the store every 100 ms; a store that stays down is one warning (then
+    one per 10 s), not ten lines a second."""
+    secret = tmp_path / "secret"
+    secret.write_text("s" * 32)
+    unreachable = replace(config, state=replace(config.state, store="redis",
+                                                redis_url="redis://127.0.0.1:9/0"),
+                          identity=replace(config.identity, tenant_secret_file=str(secret)))
+    caplog.set_level("INFO", logger="extproc.service.app")
+    running = await start(with_server(unreachable))
+    try:
+        await asyncio.sleep(1.2)               # about ten polls
+        assert not running.ready.is_set()
+    finally:
+        await running.stop()
+    lines = [r for r in caplog.records if "the shared store does not answer" in r.message]
+    assert len(lines) == 1, [r.message for r in lines]
+    assert lines[0].levelname == "WARNING"

@@ -33,10 +33,10 @@ def valkey(request, tmp_path_factory):
         yield url
 
 
-async def _replica(config, url: str, token_file: str):
+async def _replica(config, url: str, token_file: str, prefix: str = "replay-test"):
     shared = SharedReplay(session_records=KEPT, flush_seconds=0.01)
     return await start(replace(
-        config, state=State(store="redis", redis_url=url, key_prefix="replay-test"),
+        config, state=State(store="redis", redis_url=url, key_prefix=prefix),
         admin=Admin(token_file=token_file),
         observability=replace(config.observability, shared_replay=shared),
         server=replace(config.server, grpc_port=0, http_port=0)))
@@ -117,4 +117,59 @@ async def test_the_write_queue_is_bounded_and_drops_the_oldest(valkey):
     assert await writer.get("rp-0") is None
     assert (await writer.get("rp-4"))["time"] == 4.0
     assert [r["replay_id"] for r in await writer.for_session("s", "t")] == ["rp-2", "rp-3", "rp-4"]
+    await writer.stop()
+
+
+async def test_every_replica_lists_every_replicas_sessions_each_tenant_its_own(
+        config, valkey, tmp_path):
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    a = await _replica(config, valkey, str(token), prefix="listing")
+    b = await _replica(config, valkey, str(token), prefix="listing")
+    bob = {"authorization": "Bearer sk-bob"}
+    try:
+        _route(a, ALICE, "alice-on-a")
+        _route(b, ALICE, "alice-on-b")
+        _route(a, bob, "bob-on-a")
+        _route(b, ALICE, "alice-on-a")          # a session whose turns two replicas routed
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{b.http_port}") as http:
+            listed = await _eventually(
+                lambda: http.get("/v1/sessions", headers=ADMIN),
+                lambda r: len(r.json()["sessions"]) == 3)
+            sessions = {s["session_id"]: s for s in listed.json()["sessions"]}
+            assert set(sessions) == {"alice-on-a", "alice-on-b", "bob-on-a"}
+            assert sessions["alice-on-a"]["turns"] == 2, "both replicas' turns, merged"
+            assert listed.json()["sessions"][0]["session_id"] == "alice-on-a"   # newest first
+            own = await http.get("/v1/sessions", headers=ALICE)
+            assert {s["session_id"] for s in own.json()["sessions"]} == {"alice-on-a",
+                                                                          "alice-on-b"}
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{a.http_port}") as http:
+            again = await http.get("/v1/sessions", headers=ADMIN)
+            assert [s["session_id"] for s in again.json()["sessions"]] == \
+                [s["session_id"] for s in listed.json()["sessions"]], "the same on A"
+    finally:
+        await a.stop()
+        await b.stop()
+
+
+async def test_the_recent_sessions_index_keeps_the_newest_and_lines_not_records(
+        valkey, monkeypatch):
+    from extproc.observability import shared_replay
+
+    monkeypatch.setattr(shared_replay, "RECENT_SESSIONS", 3)
+    writer = Writer(connect(valkey), Metrics(), prefix="recent", ttl_seconds=60,
+                    session_records=KEPT, flush_seconds=1, max_pending=100)
+    now = __import__("time").time()
+    for i in range(5):
+        writer.recorded({"replay_id": f"rp-{i}", "time": now + i, "model": "m",
+                         "session": {"id": f"s{i}", "tenant": "t"}, "candidates": [1] * 50,
+                         "outcome": {"status": 200, "usage": None, "served_worker": "w"}})
+    assert await writer.flush()
+    recent = await writer.recent_sessions(None, 10)
+    assert [key for key, _ in recent] == [("t", "s4"), ("t", "s3"), ("t", "s2")]
+    assert await writer.recent_sessions("t", 2) == recent[:2]
+    assert await writer.recent_sessions("other", 10) == []
+    lines = await writer.session_lines([("t", "s4")])
+    (only,) = lines[("t", "s4")]
+    assert "candidates" not in only and only["outcome"] == {"status": 200, "usage": None}
     await writer.stop()

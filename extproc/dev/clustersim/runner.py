@@ -105,8 +105,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="take the scheduling section from this config file")
     parser.add_argument("--concurrency", default=None,
                         help="comma-separated concurrent sessions (default 16,32,64,96,128,192)")
-    parser.add_argument("--policies", default=",".join(POLICIES))
-    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--policies", default=",".join(POLICIES),
+                        help=f"comma-separated, of {', '.join(POLICIES)}")
+    parser.add_argument("--workers", type=int, default=4, help="model servers (default 4)")
     parser.add_argument("--capacity-tokens", type=int, default=WorkerSpec().capacity_tokens,
                         help="device KV pool of each worker in tokens")
     parser.add_argument("--cpu-tokens", type=int, default=WorkerSpec().cpu_tokens,
@@ -119,7 +120,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="host-to-device KV copy rate in tokens per second")
     parser.add_argument("--horizon", type=float, default=900.0, help="simulated seconds")
     parser.add_argument("--warmup", type=float, default=120.0, help="simulated seconds left out")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="random seed of the workload")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="last stdout line is one JSON object")
-    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--seeds", type=int, default=5, help="seeds per workload (default 5)")
     parser.add_argument("--sessions", type=int, default=40, help="sessions per workload and seed")
     parser.add_argument("--turns", type=int, default=18, help="turns per session")
     parser.add_argument(

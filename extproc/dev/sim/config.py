@@ -76,8 +76,8 @@ class SimConfig:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``sim-server`` flags; every one maps onto a ``SimConfig`` field of the same name."""
     d = SimConfig(instance_id="defaults")
-    parser.add_argument("--host", default=d.host)
-    parser.add_argument("--port", type=int, default=d.port)
+    parser.add_argument("--host", default=d.host, help=f"address to listen on (default {d.host})")
+    parser.add_argument("--port", type=int, default=d.port, help=f"port (default {d.port})")
     parser.add_argument("--model", default=d.model, help="served model name")
     parser.add_argument(
         "--served-alias",
@@ -87,22 +87,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="another name the model answers to (repeatable)",
     )
     parser.add_argument("--instance-id", help="tag in issued ids (default sim-<port>)")
-    parser.add_argument("--block-size", type=int, default=d.block_size)
-    parser.add_argument("--num-gpu-blocks", type=int, default=d.num_gpu_blocks)
-    parser.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
-    parser.add_argument("--max-model-len", type=int, default=d.max_model_len)
-    parser.add_argument("--prefill-tokens-per-s", type=float, default=d.prefill_tokens_per_s)
-    parser.add_argument("--decode-tokens-per-s", type=float, default=d.decode_tokens_per_s)
-    parser.add_argument("--output-tokens", type=int, default=d.output_tokens)
-    parser.add_argument("--fail-every", type=int, default=d.fail_every, metavar="N")
-    parser.add_argument("--time-scale", type=float, default=d.time_scale)
+    parser.add_argument("--block-size", type=int, default=d.block_size,
+                        help="tokens per KV block (vLLM --block-size)")
+    parser.add_argument("--num-gpu-blocks", type=int, default=d.num_gpu_blocks,
+                        help="device KV pool in blocks")
+    parser.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs,
+                        help="sequences decoded at once; more wait")
+    parser.add_argument("--max-model-len", type=int, default=d.max_model_len,
+                        help="context window in tokens (GET /v1/models max_model_len)")
+    parser.add_argument("--prefill-tokens-per-s", type=float, default=d.prefill_tokens_per_s,
+                        help="prompt tokens computed per second (cached ones are free)")
+    parser.add_argument("--decode-tokens-per-s", type=float, default=d.decode_tokens_per_s,
+                        help="output tokens per second per sequence")
+    parser.add_argument("--output-tokens", type=int, default=d.output_tokens,
+                        help="tokens in an answer without max_tokens")
+    parser.add_argument("--fail-every", type=int, default=d.fail_every, metavar="N",
+                        help="answer every Nth request with 503 (0: never)")
+    parser.add_argument("--time-scale", type=float, default=d.time_scale,
+                        help="multiply every simulated delay (0: answer at once)")
     parser.add_argument("--tokenizer", metavar="PATH", help="tokenizer.json for real token ids")
     parser.add_argument(
         "--kv-events-endpoint",
         metavar="ENDPOINT",
         help="bind a ZMQ PUB socket here (e.g. tcp://127.0.0.1:5557) and publish vLLM KV events",
     )
-    parser.add_argument("--kv-events-topic", default=d.kv_events_topic)
+    parser.add_argument("--kv-events-topic", default=d.kv_events_topic,
+                        help="topic of the KV events (vLLM kv_events_config.topic)")
     parser.add_argument("--num-cpu-blocks", type=int, default=d.num_cpu_blocks,
                         help="host-memory KV tier in blocks, filled by demote hints (0: none)")
     parser.add_argument("--cpu-tokens-per-s", type=float, default=d.cpu_tokens_per_s,

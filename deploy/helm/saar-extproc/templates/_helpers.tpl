@@ -56,6 +56,59 @@
 {{- .Values.identity.existingSecret | default (printf "%s-identity" (include "saar.fullname" .)) -}}
 {{- end -}}
 
+{{/* The gRPC certificate's Secret: yours, the provisioned one, or none (each pod then makes
+a self-signed one at start). */}}
+{{- define "saar.tlsSecretName" -}}
+{{- if .Values.server.tls.enabled -}}
+{{- if .Values.server.tls.existingSecret -}}
+{{- .Values.server.tls.existingSecret -}}
+{{- else if .Values.provision.enabled -}}
+{{- printf "%s-grpc-tls" (include "saar.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The ConfigMap and the Secret holding the provisioned certificate's CA (ca.crt). */}}
+{{- define "saar.caName" -}}
+{{- printf "%s-grpc-ca" (include "saar.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The names a gateway reaches the router by. */}}
+{{- define "saar.routerDnsNames" -}}
+{{- $name := include "saar.routerName" . -}}
+{{- $ns := .Release.Namespace -}}
+{{- toJson (list $name (printf "%s.%s" $name $ns) (printf "%s.%s.svc" $name $ns) (printf "%s.%s.svc.%s" $name $ns .Values.provision.clusterDomain)) -}}
+{{- end -}}
+
+{{/* What the provision Job makes (JSON: {"args": [...], "secrets": [...], "configMaps": [...]}),
+empty lists when you give everything yourself. */}}
+{{- define "saar.provisionPlan" -}}
+{{- $args := list -}}
+{{- $secrets := list -}}
+{{- $configMaps := list -}}
+{{- if and (not .Values.admin.existingSecret) (not .Values.admin.token) -}}
+{{- $name := include "saar.adminSecretName" . -}}
+{{- $args = concat $args (list "--random" (printf "%s/%s" $name .Values.admin.existingSecretKey)) -}}
+{{- $secrets = append $secrets $name -}}
+{{- end -}}
+{{- if and (not .Values.identity.existingSecret) (not .Values.identity.tenantSecret) -}}
+{{- $name := include "saar.identitySecretName" . -}}
+{{- $args = concat $args (list "--random" (printf "%s/%s" $name .Values.identity.existingSecretKey)) -}}
+{{- $secrets = append $secrets $name -}}
+{{- end -}}
+{{- if and .Values.server.tls.enabled (not .Values.server.tls.existingSecret) -}}
+{{- $tls := include "saar.tlsSecretName" . -}}
+{{- $ca := include "saar.caName" . -}}
+{{- $args = concat $args (list "--tls-secret" $tls "--ca" $ca "--days" (toString (int .Values.provision.certificateDays))) -}}
+{{- range $dns := include "saar.routerDnsNames" . | fromJsonArray -}}
+{{- $args = concat $args (list "--dns-name" $dns) -}}
+{{- end -}}
+{{- $secrets = concat $secrets (list $tls $ca) -}}
+{{- $configMaps = append $configMaps $ca -}}
+{{- end -}}
+{{- toJson (dict "args" $args "secrets" $secrets "configMaps" $configMaps) -}}
+{{- end -}}
+
 {{- define "saar.routerServiceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}{{ include "saar.routerName" . }}{{- else -}}default{{- end -}}
 {{- end -}}
@@ -121,7 +174,7 @@ server:
   health_port: {{ int .Values.server.healthPort }}
   tls:
     enabled: {{ .Values.server.tls.enabled }}
-    {{- if and .Values.server.tls.enabled .Values.server.tls.existingSecret }}
+    {{- if include "saar.tlsSecretName" . }}
     cert_file: /var/run/saar/tls/tls.crt
     key_file: /var/run/saar/tls/tls.key
     {{- else }}
@@ -306,7 +359,7 @@ spec:
         - {name: config, mountPath: /etc/saar, readOnly: true}
         - {name: admin, mountPath: /var/run/saar/admin, readOnly: true}
         - {name: identity, mountPath: /var/run/saar/identity, readOnly: true}
-        {{- if and $root.Values.server.tls.enabled $root.Values.server.tls.existingSecret }}
+        {{- if include "saar.tlsSecretName" $root }}
         - {name: tls, mountPath: /var/run/saar/tls, readOnly: true}
         {{- end }}
         - {name: tmp, mountPath: /tmp}
@@ -325,10 +378,10 @@ spec:
         secretName: {{ include "saar.identitySecretName" $root }}
         defaultMode: 0440
         items: [{key: {{ $root.Values.identity.existingSecretKey | quote }}, path: secret}]
-    {{- if and $root.Values.server.tls.enabled $root.Values.server.tls.existingSecret }}
+    {{- with include "saar.tlsSecretName" $root }}
     - name: tls
       secret:
-        secretName: {{ $root.Values.server.tls.existingSecret }}
+        secretName: {{ . }}
         defaultMode: 0440
         items: [{key: tls.crt, path: tls.crt}, {key: tls.key, path: tls.key}]
     {{- end }}
