@@ -21,8 +21,9 @@ import orjson
 
 from ..errors import BodyTooLarge, MalformedRequest, MissingModel
 from ..types import Api, RequestSummary
-from .common import nonempty_str, tool_names
+from .common import nonempty_str
 from .formats import FORMATS
+from .tools import names, offered
 
 CHARS_PER_TOKEN = 4
 """Rough context estimate before any tokenizer sees the prompt (English text and code). It is
@@ -50,7 +51,7 @@ def parse_request(api: Api, raw: bytes, *, max_body_bytes: int) -> RequestSummar
         stream=_stream(body.get("stream")),
         message_count=facts.entries,
         context_tokens=len(raw) // CHARS_PER_TOKEN,
-        tools_offered=tool_names(body.get("tools")),
+        tools_offered=names(offered(FORMATS[api].tools(body))),
         tool_call_ids=facts.tool_call_ids,
         tool_result_ids=facts.tool_result_ids,
         tool_results=facts.tool_results,
