@@ -313,6 +313,7 @@ class Simulator:
             "running": self.running,
             "waiting": self.waiting,
             "violations": dict(self.oracle.violations),
+            "continued": dict(self.oracle.continued),
             "issued": self.oracle.issued_counts(),
             "cache": {
                 "blocks": len(self.cache),
