@@ -145,6 +145,11 @@ def runs(tmp_path_factory) -> Iterator[Runs]:
             found.by_cli[cli.name] = {
                 name: _drive(stack, cli, prompt, project, resume)
                 for name, prompt, resume in plan}
+        opted_in = QwenCode(root / "qwen-header-home", stack.url, session_header="x-session-id")
+        found.projects["qwen-code-header"] = root / "qwen-header-project"
+        found.by_cli["qwen-code-header"] = {
+            name: _drive(stack, opted_in, prompt, found.projects["qwen-code-header"], resume)
+            for name, prompt, resume in [("debug", DEBUG, False), ("resume", RESUME, True)]}
         standard = Codex(root / "codex-standard-home", stack.url, "auto")
         found.projects["codex-standard"] = root / "codex-standard-project"
         found.by_cli["codex-standard"] = {
@@ -164,7 +169,7 @@ def test_every_request_is_answered_200(runs):
     assert served == len(statuses)
 
 
-FLAKY_OUTPUT = {"qwen-code"}
+FLAKY_OUTPUT = {"qwen-code", "qwen-code-header"}
 """Qwen Code 0.24.4 now and then reports a command's output as "(empty)" when the command ran
 (its files are there): seen in about one run in three under load. Its runs are judged by what
 the commands left on disk only."""
@@ -236,6 +241,17 @@ def test_qwen_code_keeps_a_tool_loop_in_one_session_without_an_id(runs):
     (session,) = {r["session"]["id"] for r in loop}
     assert session == debug.records[0]["session"]["id"]
     assert session not in plain.roots()
+
+
+def test_qwen_code_with_its_opt_in_session_header_is_one_session_per_run(runs):
+    """docs/agents.md's setting: ``customHeaders`` with ``${session_id}`` (and the switch that
+    lets it expand) makes a Qwen Code run, and its resume, one session keyed by its own id."""
+    by_name = runs.by_cli["qwen-code-header"]
+    debug, resume = by_name["debug"], by_name["resume"]
+    assert resume.run.session_id == debug.run.session_id
+    for traffic in (debug, resume):
+        assert {r["session"]["id"] for r in traffic.records} == {debug.run.session_id}
+        assert {r["session"]["source"] for r in traffic.records} == {"x-session-id"}
 
 
 ROUND_2 = "needs the session identity of issue 16, wired by the lead in round 2"
