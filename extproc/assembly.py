@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from .adapter.contract import DESTINATION_HEADER, DIAGNOSTIC_PREFIX, OBSERVE_HEADER
+from .apis import Preambles
 from .config import Config
 from .core.bodies import LargeBodies
 from .core.exchange import Exchange, Options
@@ -113,7 +114,8 @@ def assemble(
     journal = ReplayJournal(replay, trace)
     router = Router(config, identity=identity, health=health, engine=engine, pools=pools,
                     journal=journal, metrics=metrics, clock=clock, new_id=replay.new_id,
-                    table=table)
+                    table=table,
+                    preambles=Preambles(config.routing.prompt_normalisation.volatile_preambles))
     limits = config.limits
     bodies = LargeBodies(limits.large_body_bytes, limits.large_bodies_per_tenant,
                          limits.large_body_wait_seconds, limits.large_body_bytes_per_second,

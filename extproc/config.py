@@ -21,6 +21,7 @@ from pydantic import ValidationError as SchemaError
 from pydantic.dataclasses import dataclass
 
 from .adapter.contract import CLUSTER_HEADER, MODEL_HEADER
+from .apis.normalise import CLAUDE_CODE_BILLING
 
 _SCHEMA = ConfigDict(extra="forbid")
 Number = Annotated[float, Strict()]
@@ -120,6 +121,9 @@ class Model:
     pricing: Pricing = field(default_factory=Pricing)
     quality: Fraction = 0.5
     context_window: AtLeastOne = 131072
+    strip_volatile_preambles: StrictBool | None = None
+    """Cut volatile preambles from the body sent to this model's workers; None follows
+    ``routing.prompt_normalisation.strip_upstream``."""
 
     @property
     def addresses(self) -> tuple[str, ...]:
@@ -203,6 +207,20 @@ class Decision:
 
 
 @dataclass(frozen=True, config=_SCHEMA)
+class PromptNormalisation:
+    """Volatile preambles (``apis.normalise``): regular expressions matched at the start of
+    a request's system prompt, text a harness puts there that changes per session or request
+    (the default: Claude Code's ``x-anthropic-billing-header`` line). The router's prefix
+    matching always ignores them; ``strip_upstream`` also cuts them from the body sent to the
+    engine, so its prefix cache is shared across sessions and with sub-agents. On by default:
+    the workers here are self-hosted engines; a model that is a hosted API reading the line
+    turns it off (``models.<name>.strip_volatile_preambles: false``)."""
+
+    volatile_preambles: tuple[NonEmpty, ...] = (CLAUDE_CODE_BILLING,)
+    strip_upstream: StrictBool = True
+
+
+@dataclass(frozen=True, config=_SCHEMA)
 class Routing:
     logical_models: tuple[Name, ...] = ("auto",)
     cluster_header: HeaderName = CLUSTER_HEADER
@@ -215,6 +233,7 @@ class Routing:
     logical name (vLLM ``--served-model-name qwen3-32b auto``): the body goes upstream as the
     client sent it (Envoy need not copy it back), the answer's ``model`` is the logical one
     and ``x-saar-selected-model`` names the physical one."""
+    prompt_normalisation: PromptNormalisation = field(default_factory=PromptNormalisation)
 
 
 @dataclass(frozen=True, config=_SCHEMA)
@@ -507,6 +526,12 @@ class Config:
     observability: Observability = field(default_factory=Observability)
 
 
+    def strips_preambles(self, model: str) -> bool:
+        """Whether the body sent to ``model``'s workers has its volatile preambles cut."""
+        own = self.models[model].strip_volatile_preambles
+        return self.routing.prompt_normalisation.strip_upstream if own is None else own
+
+
 _ADAPTER = TypeAdapter(Config)
 
 
@@ -576,6 +601,12 @@ def _check_references(config: Config, source: str) -> None:
             raise ConfigError(
                 f"{source}: routing.logical_models: {name!r} is also a physical model name"
             )
+    for k, pattern in enumerate(config.routing.prompt_normalisation.volatile_preambles):
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ConfigError(f"{source}: routing.prompt_normalisation.volatile_preambles[{k}]: "
+                              f"{exc}") from None
     if config.routing.logical_models and not config.routing.decisions:
         raise ConfigError(f"{source}: routing.decisions: a logical model needs a decision")
     for i, decision in enumerate(config.routing.decisions):

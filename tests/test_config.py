@@ -109,3 +109,29 @@ def test_unreadable_file(tmp_path):
     bad.write_text("models: [unclosed")
     with pytest.raises(ConfigError, match=r"bad\.yaml: cannot read YAML"):
         load_config(bad)
+
+
+@pytest.mark.parametrize(("routing", "own", "strips"), [
+    ({}, None, True),  # on by default: the workers are self-hosted engines
+    ({"strip_upstream": False}, None, False),
+    ({}, False, False),  # a model that is a hosted API keeps the line
+    ({"strip_upstream": False}, True, True),
+])
+def test_volatile_preambles_are_stripped_upstream_by_default(example_data, routing, own, strips):
+    data = copy.deepcopy(example_data)
+    data["routing"]["prompt_normalisation"] = routing
+    if own is not None:
+        data["models"]["qwen3-8b"]["strip_volatile_preambles"] = own
+    config = parse_config(data)
+    assert config.strips_preambles("qwen3-8b") is strips
+    normalisation = config.routing.prompt_normalisation
+    assert config.strips_preambles("qwen3-32b") is normalisation.strip_upstream
+    assert "x-anthropic-billing-header" in normalisation.volatile_preambles[0]
+
+
+def test_a_bad_preamble_pattern_names_its_key(example_data):
+    data = copy.deepcopy(example_data)
+    data["routing"]["prompt_normalisation"] = {"volatile_preambles": ["ok", "(unclosed"]}
+    where = r"saar\.yaml: routing\.prompt_normalisation\.volatile_preambles\[1\]"
+    with pytest.raises(ConfigError, match=where):
+        parse_config(data, source="saar.yaml")

@@ -7,6 +7,7 @@ package knows none of them and dispatches through ``formats.FORMATS``.
 """
 
 from .common import fingerprint
+from .normalise import DEFAULT_PREAMBLES, Preambles, strip_preambles
 from .observer import ResponseObserver
 from .parse import CHARS_PER_TOKEN, parse_request
 from .prompt import chain_hashes, prompt_blocks, render_entries, render_prompt
@@ -14,6 +15,8 @@ from .rewrite import model_spans, peek_model, rewrite_model
 
 __all__ = [
     "CHARS_PER_TOKEN",
+    "DEFAULT_PREAMBLES",
+    "Preambles",
     "ResponseObserver",
     "chain_hashes",
     "fingerprint",
@@ -24,4 +27,5 @@ __all__ = [
     "render_entries",
     "render_prompt",
     "rewrite_model",
+    "strip_preambles",
 ]

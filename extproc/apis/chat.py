@@ -37,6 +37,10 @@ def entries(body: dict[str, Any]) -> list[Any]:
     return as_list(body.get("messages"))
 
 
+def tools(body: dict[str, Any]) -> list[Any]:
+    return as_list(body.get("tools"))
+
+
 def system(body: dict[str, Any]) -> Any:
     """Chat has no top-level system prompt: system messages render as turns."""
     return None

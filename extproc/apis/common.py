@@ -135,17 +135,6 @@ def conversation(system: Any, entries: list[Any], first_user: int) -> str | None
     return digest.hexdigest()
 
 
-def tool_names(tools: Any) -> tuple[str, ...]:
-    names = []
-    for tool in as_list(tools):
-        if not isinstance(tool, dict):
-            continue
-        found = tool.get("name") or as_dict(tool.get("function")).get("name") or tool.get("type")
-        if isinstance(found, str):
-            names.append(found)
-    return tuple(names)
-
-
 def label(value: Any) -> str:
     """A tool name or id as the prompt renders it; anything but a string renders as missing."""
     return value if isinstance(value, str) else "None"

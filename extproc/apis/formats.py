@@ -1,6 +1,6 @@
 """The contract each API module fulfils, and the modules by ``Api``.
 
-A new API is one module with these six functions and one line in ``FORMATS``; ``parse``,
+A new API is one module with these seven functions and one line in ``FORMATS``; ``parse``,
 ``observer`` and ``prompt`` dispatch through it and know no API's shape themselves.
 """
 
@@ -23,6 +23,10 @@ class ApiFormat(Protocol):
     def entries(self, body: dict[str, Any]) -> list[Any]:
         """The conversation's entries (messages or input items), in order; none if the body
         has no array of them (``parse`` rejects such a body, rendering does not)."""
+        ...
+
+    def tools(self, body: dict[str, Any]) -> list[Any]:
+        """The tool definitions the body offers, as sent (``tools.offered`` reads them)."""
         ...
 
     def system(self, body: dict[str, Any]) -> Any:

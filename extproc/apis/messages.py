@@ -40,6 +40,10 @@ def entries(body: dict[str, Any]) -> list[Any]:
     return as_list(body.get("messages"))
 
 
+def tools(body: dict[str, Any]) -> list[Any]:
+    return as_list(body.get("tools"))
+
+
 def system(body: dict[str, Any]) -> Any:
     return body.get("system")
 

@@ -21,8 +21,9 @@ import orjson
 
 from ..errors import BodyTooLarge, MalformedRequest, MissingModel
 from ..types import Api, RequestSummary
-from .common import nonempty_str, tool_names
+from .common import nonempty_str
 from .formats import FORMATS
+from .tools import names, offered
 
 CHARS_PER_TOKEN = 4
 """Rough context estimate before any tokenizer sees the prompt (English text and code). It is
@@ -43,7 +44,7 @@ def parse_request(api: Api, raw: bytes, *, max_body_bytes: int) -> RequestSummar
     if model is None:
         raise MissingModel('request body has no "model" string')
     facts = FORMATS[api].parse(body)
-    tools = tool_names(body.get("tools"))
+    tools = names(offered(FORMATS[api].tools(body)))
     previous = nonempty_str(body.get("previous_response_id"))
     return RequestSummary(
         api=api,

@@ -20,16 +20,24 @@ import xxhash
 from ..types import Api, RequestSummary
 from .common import Turn, canonical_json, text
 from .formats import FORMATS
+from .normalise import Preambles, normalised_system
 
 _xxh3 = xxhash.xxh3_64_intdigest
 
 
-def render_prompt(summary: RequestSummary) -> str:
-    """The prompt of ``summary`` as text: preamble (system, tools), then every turn in order."""
+def render_prompt(summary: RequestSummary, preambles: Preambles | None = None) -> str:
+    """The prompt of ``summary`` as text: preamble (system, tools), then every turn in order.
+
+    With ``preambles``, the system prompt renders without its volatile preambles
+    (``normalise``): what the engine sees of a body ``normalise.strip_preambles`` cut, and what
+    the prefix index should match when it does not (the lead's request path decides)."""
     body = summary.body
     api = FORMATS[summary.api]
     preamble: list[Turn] = []
-    if system := api.system(body):
+    system = api.system(body)
+    if preambles:
+        system = normalised_system(system, preambles)
+    if system:
         preamble.append(("system", text(system)))
     if tools := body.get("tools"):
         preamble.append(("tools", canonical_json(tools)))

@@ -1,9 +1,11 @@
 """OpenAI Responses: ``instructions`` and ``input`` (a string or items) in, a ``response`` (or
 its stream of ``response.*`` events) out.
 
-Tool state: ``*_call`` items with a ``call_id`` (``function_call``, ``custom_tool_call``, ...),
-answered by ``*_call_output`` items. The outputs after the model's last item (an assistant
-message, a call, reasoning) are pending, whatever the client put after them. Provider-bound:
+Tool state: ``*_call`` items with a ``call_id`` (``function_call``, ``custom_tool_call``, ...,
+with a ``namespace`` when the tool was offered in one), answered by ``*_call_output`` items.
+Tools come in ``tools`` or in ``additional_tools`` input items (see ``tools``). The outputs
+after the model's last item (an assistant message, a call, reasoning) are pending, whatever the
+client put after them. Provider-bound:
 ``previous_response_id`` (read for every API by ``parse``) and reasoning items'
 ``encrypted_content``, which only their issuer can decrypt.
 """
@@ -34,6 +36,7 @@ from .common import (
 )
 
 HINT_SOURCE = "prompt_cache_key"
+ADDITIONAL_TOOLS = "additional_tools"
 _MODEL_ITEMS = ("reasoning", "mcp_list_tools", "mcp_approval_request")
 """Items only the model emits, besides assistant messages and ``*_call`` items."""
 _TERMINAL_EVENTS = ("response.completed", "response.incomplete", "response.failed")
@@ -44,6 +47,17 @@ def entries(body: dict[str, Any]) -> list[Any]:
     if isinstance(items, str):
         return [{"type": "message", "role": "user", "content": items}]
     return as_list(items)
+
+
+def tools(body: dict[str, Any]) -> list[Any]:
+    """Top-level ``tools``, then those of ``additional_tools`` input items (Codex's default
+    "responses-lite" format sends its tools only there)."""
+    found = as_list(body.get("tools"))
+    items = body.get("input")
+    for item in items if isinstance(items, list) else ():
+        if isinstance(item, dict) and item.get("type") == ADDITIONAL_TOOLS:
+            found = [*found, *as_list(item.get("tools"))]
+    return found
 
 
 def system(body: dict[str, Any]) -> Any:
@@ -116,6 +130,8 @@ def turns(item: dict[str, Any]) -> Iterator[Turn]:
         yield "assistant", f"call {label(item.get('name'))} {canonical_json(arguments)}"
     elif kind in ("function_call_output", "custom_tool_call_output"):
         yield "tool", f"result {label(item.get('call_id'))}\n{text(item.get('output'))}"
+    elif kind == ADDITIONAL_TOOLS:
+        yield "tools", canonical_json(item.get("tools"))
     elif kind == "reasoning":
         yield "reasoning", nonempty_str(item.get("encrypted_content")) or text(item.get("summary"))
 
@@ -128,12 +144,7 @@ def document(summary: ResponseSummary, doc: dict[str, Any]) -> None:
     summary.model = nonempty_str(doc.get("model")) or summary.model
     summary.response_id = nonempty_str(doc.get("id")) or summary.response_id
     for item in as_list(doc.get("output")):
-        item = as_dict(item)
-        kind = _kind(item)
-        if kind.endswith("_call") and "call_id" in item:  # a call the client runs
-            record_call(summary, item.get("call_id"), item.get("name"))
-        elif kind == "reasoning" and (blob := nonempty_str(item.get("encrypted_content"))):
-            summary.provider_state.append(fingerprint("reasoning", blob))
+        _output_item(summary, as_dict(item))
     summary.finish_reason = nonempty_str(doc.get("status")) or summary.finish_reason
     usage = doc.get("usage")
     if isinstance(usage, dict):
@@ -144,16 +155,29 @@ def document(summary: ResponseSummary, doc: dict[str, Any]) -> None:
         )
 
 
+def _output_item(summary: ResponseSummary, item: dict[str, Any]) -> None:
+    kind = _kind(item)
+    if kind.endswith("_call") and "call_id" in item:  # a call the client runs (function,
+        record_call(summary, item.get("call_id"), item.get("name"))  # custom, ...)
+    elif kind == "reasoning" and (blob := nonempty_str(item.get("encrypted_content"))):
+        summary.provider_state.append(fingerprint("reasoning", blob))
+
+
 def event(summary: ResponseSummary, data: dict[str, Any]) -> bool:
+    """Items are read as each is done, and again from the terminal event's response, which
+    restates them all (when it does: a server may send the final object without its output,
+    and the items already read then stand)."""
     kind = data.get("type")
     response = as_dict(data.get("response"))
     if kind == "response.created":
         summary.response_id = nonempty_str(response.get("id")) or summary.response_id
+    elif kind == "response.output_item.done":
+        _output_item(summary, as_dict(data.get("item")))
     elif kind in _TERMINAL_EVENTS:
-        # The final object restates every item: start over rather than count them twice.
-        summary.tool_call_ids.clear()
-        summary.tool_names.clear()
-        summary.provider_state.clear()
+        if as_list(response.get("output")):  # start over rather than count items twice
+            summary.tool_call_ids.clear()
+            summary.tool_names.clear()
+            summary.provider_state.clear()
         document(summary, response)
         return True
     return False

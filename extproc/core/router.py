@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
-from ..apis import model_spans, parse_request, peek_model, rewrite_model
+from ..apis import Preambles, model_spans, parse_request, peek_model, rewrite_model, strip_preambles
 from ..config import Config
 from ..errors import LockedModelDown, RoutingError, SessionPaused
 from ..observability.metrics import Metrics
@@ -118,9 +118,12 @@ class Router:
         clock: Clock,
         new_id: Callable[[], str],
         table: SessionTable,
+        preambles: Preambles | None = None,
     ) -> None:
         """The parts come from ``extproc.assembly``; ``new_id`` names each decision; ``table``
-        holds this process's live sessions (a routed session is active there)."""
+        holds this process's live sessions (a routed session is active there); ``preambles``
+        the volatile preambles prefix matching ignores (and the engine's body loses where
+        ``strips_preambles``)."""
         self.config = config
         self.identity = identity
         self.health = health
@@ -132,6 +135,7 @@ class Router:
         self._new_id = new_id
         self._rewrite = config.routing.rewrite_model
         self._table = table
+        self._preambles = preambles or Preambles(())
 
     # -- the request path ------------------------------------------------------------------
 
@@ -149,7 +153,7 @@ class Router:
         except RoutingError as exc:
             self.metrics.errors.labels(exc.code).inc()
             raise
-        prompt = Prompt(summary)
+        prompt = Prompt(summary, preambles=self._preambles)
         self.pools.prepare(prompt)
         parsed = time.perf_counter()
         identity = self.identity.read(headers, summary)
@@ -231,7 +235,7 @@ class Router:
                 assert identity.key is not None
                 tick = self.config.scheduling.admission.tick_seconds
                 raise SessionPaused(identity.key, retry_after=max(1, round(tick)))
-            prompt = request.prompt or Prompt(summary)
+            prompt = request.prompt or Prompt(summary, preambles=self._preambles)
             prompt.session = identity.key  # the chain may have named it only now
             owners = _owners(facts, state, identity)
             cached: dict[str, int | None] = {}
@@ -263,6 +267,9 @@ class Router:
                 if peek_model(summary.raw, spans) != summary.model:  # an escaped duplicate
                     spans = model_spans(summary.raw)
                 body = rewrite_model(summary.raw, decision.model, spans)
+            if self._preambles and self.config.strips_preambles(decision.model):
+                # Cut what changes per session from the system prompt the engine caches.
+                body = strip_preambles(summary.api, body or summary.raw, self._preambles) or body
         except RoutingError as exc:
             self.metrics.errors.labels(exc.code).inc()
             raise

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..apis import render_prompt
+from ..apis import Preambles, render_prompt
 from ..config import Config
 from ..errors import ModelUnavailable, RateLimited
 from ..state.table import Entry, SessionTable
@@ -60,11 +60,13 @@ class Prompt:
     _blocks: dict[str, tuple[Sequence[int], int]] = field(default_factory=dict)
     """model → (block hashes, how many lead with the session's previous prompt's)."""
     _matched: dict[str, dict[str, float]] = field(default_factory=dict)
+    preambles: Preambles | None = None
+    """Volatile preambles the rendering leaves out (what changes per session is no prefix)."""
 
     @property
     def text(self) -> str:
         if self._text is None:
-            self._text = render_prompt(self.request)
+            self._text = render_prompt(self.request, self.preambles)
         return self._text
 
 

@@ -6,9 +6,9 @@ import extproc.apis as apis
 def test_public_surface_is_pinned():
     """What callers may import from ``extproc.apis``; the API modules stay behind it."""
     assert apis.__all__ == [
-        "CHARS_PER_TOKEN", "ResponseObserver", "chain_hashes", "fingerprint", "model_spans",
-        "parse_request", "peek_model", "prompt_blocks", "render_entries", "render_prompt",
-        "rewrite_model",
+        "CHARS_PER_TOKEN", "DEFAULT_PREAMBLES", "Preambles", "ResponseObserver",
+        "chain_hashes", "fingerprint", "model_spans", "parse_request", "peek_model",
+        "prompt_blocks", "render_entries", "render_prompt", "rewrite_model", "strip_preambles",
     ]
     for name in apis.__all__:
         assert getattr(apis, name) is not None

@@ -43,6 +43,9 @@ class SimConfig:
     cpu_tokens_per_s: float = 400_000.0
     """Host-to-device copy rate: a prompt's blocks found in host memory cost this, not a
     prefill."""
+    record_dir: str | None = None
+    """Write every API request (path, headers without secrets, body) here as NNNNN.json: how
+    the agent CLIs' fixtures under tests/apis/recorded were captured."""
 
     def __post_init__(self) -> None:
         if not self.instance_id:
@@ -117,3 +120,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="host-memory KV tier in blocks, filled by demote hints (0: none)")
     parser.add_argument("--cpu-tokens-per-s", type=float, default=d.cpu_tokens_per_s,
                         help="host-to-device KV copy rate")
+    parser.add_argument("--record-dir", metavar="DIR",
+                        help="write every API request (headers without secrets, body) here")

@@ -34,6 +34,9 @@ class ContinuityOracle:
     def __init__(self, instance_id: str) -> None:
         self.instance_id = instance_id
         self.violations: Counter[str] = Counter(dict.fromkeys(VIOLATION_KINDS, 0))
+        self.continued: Counter[str] = Counter(dict.fromkeys(VIOLATION_KINDS, 0))
+        """What requests leaned on that this instance did issue: tests see that the
+        continuity they check was exercised at all."""
         self._sequence = itertools.count(1)
         self._tool_calls: set[str] = set()
         self._provider_state: set[str] = set()
@@ -83,6 +86,11 @@ class ContinuityOracle:
             "provider_state" for key in summary.provider_state if key not in self._provider_state
         )
         self.violations.update(found)
+        if summary.previous_response_id is not None and not unknown_previous:
+            self.continued["previous_response"] += 1
+        self.continued["tool_call"] += sum(i in self._tool_calls for i in summary.tool_result_ids)
+        self.continued["provider_state"] += sum(
+            key in self._provider_state for key in summary.provider_state)
         return Verdict(tuple(found), unknown_previous)
 
     def issued_counts(self) -> dict[str, int]:
@@ -94,6 +102,7 @@ class ContinuityOracle:
 
     def reset(self) -> None:
         self.violations = Counter(dict.fromkeys(VIOLATION_KINDS, 0))
+        self.continued = Counter(dict.fromkeys(VIOLATION_KINDS, 0))
         self._tool_calls.clear()
         self._provider_state.clear()
         self._responses.clear()

@@ -1,8 +1,11 @@
 """What the simulated model answers, decided once and independent of the wire format.
 
 The decision is the agent-loop contract routing depends on: tools offered and no tool results in
-the newest turn -> call the first tool; otherwise answer in text. Text is a pure function of the
-model and the prompt, so replays are reproducible; ids come from the oracle, so they are owned.
+the newest turn -> call the first tool; otherwise answer in text. A request from an agent CLI
+(one offering a shell or sub-agent tool ``agent`` knows) gets ``agent``'s answer instead: the
+steps its task names, with calls the CLI really runs, then a text quoting their results. Text
+is a pure function of the model and the prompt, so replays are reproducible; ids come from the
+oracle, so they are owned.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from dataclasses import dataclass
 import orjson
 
 from ...types import RequestSummary
+from . import agent
 from .oracle import ContinuityOracle
 from .prefix_cache import tokenize
 from .prompt import generate_words
@@ -37,7 +41,12 @@ class ToolCall:
     item_id: str
     name: str
     arguments: str
-    """Compact JSON with sorted keys, so every API and the prompt renderer agree on the text."""
+    """Compact JSON with sorted keys, so every API and the prompt renderer agree on the text;
+    the raw input text of a ``custom`` tool."""
+    namespace: str | None = None
+    """The namespace the tool was offered in (Responses): the call names it."""
+    custom: bool = False
+    """A free-form tool (Responses ``custom_tool_call``), its input text in ``arguments``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +100,17 @@ def build_reply(
     budget = output_tokens if cap is None else max(min(output_tokens, cap), 0)
     tool_call = None
     words: tuple[str, ...] = ()
-    if summary.tools_offered and not summary.tool_result_ids:
+    step = agent.decide(summary.api, summary.body)
+    if isinstance(step, agent.Call):
+        tool_call = ToolCall(
+            call_id=oracle.issue_tool_call(style.call_prefix),
+            item_id=oracle.new_id("ctc_" if step.tool.custom else "fc_"),
+            name=step.tool.name,
+            arguments=step.arguments,
+            namespace=step.tool.namespace,
+            custom=step.tool.custom,
+        )
+    elif step is None and summary.tools_offered and not summary.tool_result_ids:
         arguments = {"input": "".join(generate_words(f"args\n{seed}", 3))}
         tool_call = ToolCall(
             call_id=oracle.issue_tool_call(style.call_prefix),
@@ -101,6 +120,8 @@ def build_reply(
         )
     else:
         words = generate_words(seed, budget)
+        if isinstance(step, agent.Answer):
+            words += tuple(f"\n{quote}" for quote in step.quotes)
     thought = None
     if reasoning:
         thought = Reasoning(

@@ -19,6 +19,7 @@ import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -99,6 +100,8 @@ class Simulator:
         api = API_PATHS[request.path]
         self.requests += 1
         self.last_request_headers = _visible_headers(request)
+        if self.cfg.record_dir is not None:
+            self._record(request, await request.read())
         if self._take_fault():
             self.metrics.injected_errors.inc()
             return openai_error(503, "injected fault", kind="service_unavailable", code=503)
@@ -150,6 +153,13 @@ class Simulator:
                     self._running[session] -= 1
                     if not self._running[session]:
                         del self._running[session]
+
+    def _record(self, request: web.Request, body: bytes) -> None:
+        folder = Path(self.cfg.record_dir or ".")
+        folder.mkdir(parents=True, exist_ok=True)
+        doc = {"path": request.path_qs, "headers": self.last_request_headers,
+               "body": body.decode(errors="replace")}
+        (folder / f"{self.requests:05d}.json").write_bytes(orjson.dumps(doc))
 
     def hint(self, hint: KvHint) -> bool:
         """Apply one router hint if it can; False: ignored (an unknown session, nothing to
@@ -313,6 +323,7 @@ class Simulator:
             "running": self.running,
             "waiting": self.waiting,
             "violations": dict(self.oracle.violations),
+            "continued": dict(self.oracle.continued),
             "issued": self.oracle.issued_counts(),
             "cache": {
                 "blocks": len(self.cache),

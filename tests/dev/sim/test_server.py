@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -519,3 +520,51 @@ async def test_response_observer_recovers_ids_and_usage(
         assert sim.sim.oracle.judge(replay).violations == ()
         foreign = RequestSummary(api, MODEL, False, 1, 0, provider_state=("thinking:0",))
         assert sim.sim.oracle.judge(foreign).violations == ("provider_state",)
+
+
+async def test_codex_lite_gets_a_namespaced_custom_call_it_can_answer(
+    http: aiohttp.ClientSession, sim: RunningSim
+) -> None:
+    """Codex's default format (tools only in an ``additional_tools`` item): the answer is a
+    ``custom_tool_call`` of its ``exec`` tool in its namespace, read back by the router's
+    observer as owned, and answered without a violation; the request is recorded."""
+    from tests.apis.test_recorded import recorded
+
+    body = recorded("codex-lite-first")["body"]
+    body["model"] = MODEL
+    async with http.post(f"{sim.url}/v1/responses", json=body) as resp:
+        assert resp.status == 200
+        stream = await resp.read()
+    observer = ResponseObserver(Api.RESPONSES, streaming=True)
+    observer.feed(stream, end=True)
+    events = [e for e in stream.decode().split("\n") if e.startswith("data: ")]
+    assert any("response.custom_tool_call_input.delta" in e for e in events)
+    (call_id,) = observer.summary.tool_call_ids
+    assert observer.summary.tool_names == ["exec"]
+    done = next(e for e in events if "response.completed" in e)
+    item = next(i for i in json.loads(done[6:])["response"]["output"]
+                if i["type"] == "custom_tool_call")
+    assert (item["namespace"], item["call_id"]) == ("functions", call_id)
+    assert "tools.exec_command" in item["input"]
+    body["input"] += [item, {"type": "custom_tool_call_output", "call_id": call_id,
+                             "output": [{"type": "input_text", "text": "ok"}]}]
+    async with http.post(f"{sim.url}/v1/responses", json=body) as resp:
+        assert resp.status == 200
+        await resp.read()
+    after = await state(http, sim)
+    assert after["violations"]["tool_call"] == 0 and after["continued"]["tool_call"] == 1
+
+
+async def test_requests_are_recorded_without_secrets(
+    http: aiohttp.ClientSession, start_sim: StartSim, tmp_path
+) -> None:
+    running = await start_sim(record_dir=str(tmp_path))
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    async with http.post(f"{running.url}/v1/chat/completions?x=1", json=body,
+                         headers={"authorization": "Bearer secret"}) as resp:
+        assert resp.status == 200
+    (written,) = tmp_path.glob("*.json")
+    doc = json.loads(written.read_text())
+    assert doc["path"] == "/v1/chat/completions?x=1"
+    assert doc["headers"]["authorization"] == "<redacted>"
+    assert json.loads(doc["body"]) == body

@@ -10,6 +10,11 @@ from ..reply import IdStyle, Reply
 from .base import SseEvent
 
 ENCRYPTED_REASONING = "reasoning.encrypted_content"
+_CALL_EVENTS = {
+    "function_call": ("arguments", "response.function_call_arguments"),
+    "custom_tool_call": ("input", "response.custom_tool_call_input"),
+}
+"""A call item's streamed field, and the events that stream it."""
 
 
 class ResponsesFormat:
@@ -61,16 +66,17 @@ class ResponsesFormat:
             )
         if reply.tool_call is not None:
             call = reply.tool_call
-            items.append(
-                {
-                    "id": call.item_id,
-                    "type": "function_call",
-                    "call_id": call.call_id,
-                    "name": call.name,
-                    "arguments": call.arguments,
-                    "status": "completed",
-                }
-            )
+            item: dict[str, Any] = {
+                "id": call.item_id,
+                "type": "custom_tool_call" if call.custom else "function_call",
+                "status": "completed",
+                "call_id": call.call_id,
+                "name": call.name,
+                "input" if call.custom else "arguments": call.arguments,
+            }
+            if call.namespace is not None:
+                item["namespace"] = call.namespace
+            items.append(item)
         else:
             items.append(
                 {
@@ -131,16 +137,14 @@ def _item_events(
             ("response.content_part.done", {**located, "part": _text_part(reply.text)}),
             ("response.output_item.done", {**at, "item": item}),
         ]
-    if item["type"] == "function_call":
+    if item["type"] in _CALL_EVENTS:
+        field, events = _CALL_EVENTS[item["type"]]
         located = {"item_id": item["id"], **at}
-        started = {**item, "arguments": "", "status": "in_progress"}
+        started = {**item, field: "", "status": "in_progress"}
         return [
             ("response.output_item.added", {**at, "item": started}),
-            ("response.function_call_arguments.delta", {**located, "delta": item["arguments"]}),
-            (
-                "response.function_call_arguments.done",
-                {**located, "name": item["name"], "arguments": item["arguments"]},
-            ),
+            (f"{events}.delta", {**located, "delta": item[field]}),
+            (f"{events}.done", {**located, "name": item["name"], field: item[field]}),
             ("response.output_item.done", {**at, "item": item}),
         ]
     return [
