@@ -14,7 +14,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from .adapter.contract import DESTINATION_HEADER, DIAGNOSTIC_PREFIX, OBSERVE_HEADER
+from .adapter.contract import (
+    DESTINATION_HEADER,
+    DIAGNOSTIC_PREFIX,
+    OBSERVE_HEADER,
+    PREFILL_HEADER,
+)
 from .config import Config
 from .core.bodies import LargeBodies
 from .core.exchange import Exchange, Options
@@ -27,6 +32,7 @@ from .observability.journal import ReplayJournal
 from .observability.metrics import Metrics
 from .observability.replay import JsonlSink, ReplayStore
 from .observability.trace import MooncakeTraceWriter
+from .scheduling.disaggregation import Disaggregator
 from .scheduling.placement import Pools
 from .types import Clock
 
@@ -82,6 +88,9 @@ def assemble(
                          cooldown=config.health.cooldown_seconds)
     engine = SaarEngine(config, health, clock=clock, selector=selector)
     pools = Pools(config, clock=clock, rng=rng)
+    pools.disaggregation = Disaggregator.from_config(
+        config.scheduling, index=pools.index, rng=rng or random.Random(),
+        tokens_per_block=pools.tokens_per_block, max_sessions=config.memory.max_sessions)
     sinks: list[_Closeable] = []
     sink = JsonlSink(config.replay.jsonl_path) if config.replay.jsonl_path else None
     replay = ReplayStore(config.replay.capacity, sink, clock=clock)
@@ -91,7 +100,7 @@ def assemble(
         rows = JsonlSink(config.replay.mooncake_trace_path)
         sinks.append(rows)
         trace = MooncakeTraceWriter(rows.write)
-    journal = ReplayJournal(replay, trace)
+    journal = ReplayJournal(replay, trace, metrics)
     router = Router(config, identity=identity, health=health, engine=engine, pools=pools,
                     journal=journal, metrics=metrics, clock=clock, new_id=replay.new_id)
     limits = config.limits
@@ -101,5 +110,5 @@ def assemble(
     options = Options.from_config(
         config, shared=config.state.store == "redis" if shared is None else shared,
         diagnostic_prefix=DIAGNOSTIC_PREFIX, destination_header=DESTINATION_HEADER,
-        observe_header=OBSERVE_HEADER)
+        observe_header=OBSERVE_HEADER, prefill_header=PREFILL_HEADER)
     return Parts(config, metrics, router, replay, pools, health, bodies, options, sinks)

@@ -158,7 +158,7 @@ def bootstrap(
             "clusters": [_processor_cluster(PROCESSOR, ports), _processor_cluster(OBSERVER, ports)]
             + [
                 _model_cluster(model.cluster, model.addresses)
-                for model in config.models.values()
+                for model in config.models.values() if model.base is None  # adapters share it
             ],
         },
     }

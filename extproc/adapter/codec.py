@@ -31,6 +31,7 @@ from .contract import (
     MODEL_RETRIES,
     OBSERVE_HEADER,
     PICK_HEADER,
+    PREFILL_HEADER,
     REPLAY_HEADER,
     SERVED_KEY,
     SUBSET_KEY,
@@ -202,6 +203,9 @@ class Routing:
             if routed.locked:
                 workers = (workers[0],) * (MODEL_RETRIES + 1)
             headers.append(_header(DESTINATION_HEADER, routed.workers[0]))
+            prefill = routed.placement.prefill
+            if prefill is not None:
+                headers.append(_header(PREFILL_HEADER, prefill))
             lb = metadata.fields[LB_NAMESPACE].struct_value.fields
             lb[DESTINATION_HEADER].string_value = ",".join(workers)
         common.header_mutation.set_headers.extend(headers)

@@ -34,6 +34,7 @@ from . import (
     WorkerRegistry,
     from_config,
 )
+from .disaggregation import Disaggregator, Split
 from .kv_events import PreciseKVIndex, TierWeights
 from .kv_hints import KvHint, KvHintEmitter
 from .memo import BlockMemo
@@ -77,13 +78,24 @@ class Placement:
     blocks: Sequence[int] = ()
     final: bool = False
     """The session's last request (``x-dynamo-session-final``): it ends when this one does."""
+    split: Split | None = None
+    """The prefill/decode decision (None: no disaggregation configured); ``workers`` are the
+    decode worker and its fallbacks."""
 
     @property
     def worker(self) -> str | None:
         return self.workers[0] if self.workers else None
 
+    @property
+    def prefill(self) -> str | None:
+        """The prefill worker the decode worker's sidecar calls first (None: local prefill)."""
+        return None if self.split is None else self.split.prefill
+
 
 class Pools:
+    disaggregation: Disaggregator | None = None
+    """Prefill/decode splitting (``extproc.assembly`` attaches it from the configuration)."""
+
     def __init__(self, config: Config, *, clock: Clock, rng: random.Random | None = None) -> None:
         scheduling = config.scheduling
         self.enabled = scheduling.enabled
@@ -210,6 +222,7 @@ class Pools:
         request = SchedulingRequest(
             model, session_key, blocks, prompt.request.context_tokens,
             subset, bound, pinned, reused, prompt._matched.get(model), parent,
+            adapter=model if self.registry.is_adapter(model) else None,
         )
         result = self.scheduler.schedule(request, pool)
         if result.shed:
@@ -231,7 +244,11 @@ class Pools:
                 session_key, worker, matched_tokens=int(matched),
                 prompt_tokens=prompt.request.context_tokens, parent=parent,
                 name=None if identity is None else identity.session_id))
-        return Placement(result.ordered, result, request.prompt_blocks, final)
+        split = None
+        if self.disaggregation is not None:  # the decode worker is picked: split or not
+            split = self.disaggregation.decide(request, result.ordered[0],
+                                               result.matched_blocks, pool)
+        return Placement(result.ordered, result, request.prompt_blocks, final, split)
 
     def started(self, placement: Placement, session_key: str | None, tokens: int) -> None:
         if placement.worker is None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .affinity import SessionAffinityScorer
+from .lora import LoraAffinityScorer
 from .scorers import KvUtilizationScorer, PrefixScorer, QueueScorer
 from .sessions import ActiveSessionsScorer
 from .types import PrefixIndex, Scorer
@@ -50,6 +51,7 @@ SCORERS: dict[str, ScorerPlugin] = {plugin.name: plugin for plugin in (
     ScorerPlugin(KvUtilizationScorer.name, 2.0, lambda c: KvUtilizationScorer()),
     ScorerPlugin(SessionAffinityScorer.name, 1.0, lambda c: SessionAffinityScorer()),
     ScorerPlugin(ActiveSessionsScorer.name, 3.0, _active_sessions),
+    ScorerPlugin(LoraAffinityScorer.name, 2.0, lambda c: LoraAffinityScorer()),
 )}
 
 

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from ..config import Scheduling
 from .cost import DynamoCost
-from .filters import HealthyFilter, SubsetFilter
+from .filters import DecodeFilter, HealthyFilter, SubsetFilter
 from .picker import MaxScorePicker
 from .plugins import SCORERS, Context
 from .sessions import ActiveSessionsScorer
@@ -156,7 +156,8 @@ def from_config(
     clock: Callable[[], float] = time.monotonic,
     prefer: Callable[[str | None], str | None] | None = None,
 ) -> Scheduler:
-    """The scheduler ``config`` describes: the subset and healthy filters, the named scorers (the
+    """The scheduler ``config`` describes: the subset, healthy and decode-role filters, the
+    named scorers (the
     plugin registry's) with their weights (zero-weight ones left out; none in the Dynamo cost
     form), a seeded max-score
     picker. ``clock`` ages the active-sessions scorer's placements (a simulator's virtual
@@ -169,7 +170,7 @@ def from_config(
     return Scheduler(
         scorers,
         MaxScorePicker(rng),
-        [SubsetFilter(), HealthyFilter()],
+        [SubsetFilter(), HealthyFilter(), DecodeFilter()],
         index,
         cost=DynamoCost(config.overlap_weight) if dynamo else None,
         observers=[sessions] if sessions is not None else [],
