@@ -30,10 +30,11 @@ from .types import PrefixIndex, SchedulingRequest, Scorer, Worker
 if TYPE_CHECKING:
     from ..config import Disaggregation, Scheduling
 
-REASONS = ("no_prefill_worker", "never", "warm", "cold", "always")
+REASONS = ("no_prefill_worker", "prefill_busy", "never", "warm", "cold", "always")
 """Why a request of a pool with prefill workers was split or not (a bounded metric label): no
-healthy prefill worker; the mode says never; below the threshold of uncached tokens on the
-decode worker (``warm``: stays local); at or above it (``cold``: split); the mode says always."""
+healthy prefill worker; every prefill worker already has ``max_prefill_requests``; the mode
+says never; below the threshold of uncached tokens on the decode worker (``warm``: stays
+local); at or above it (``cold``: split); the mode says always."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,20 +83,32 @@ class Disaggregator:
     def decide(self, request: SchedulingRequest, decode: str, matched: Mapping[str, float],
                workers: Sequence[Worker]) -> Split | None:
         """``decode`` was picked from ``workers`` with ``matched`` prefix blocks per worker;
-        None when the pool has no prefill worker at all (nothing to decide)."""
+        None when the pool has no prefill worker at all (nothing to decide).
+
+        What ``decode`` holds is the larger of the prefix index's match and, when it is the
+        session's own worker, the session's previous prompt (``reused``): the session's record
+        knows that context was computed there even when the index has aged it out (an engine
+        offloads to host memory what the index forgets)."""
         if not any(w.prefills for w in workers):
             return None
-        held = int(matched.get(decode, 0.0) * self.tokens_per_block)
+        blocks = matched.get(decode, 0.0)
+        if decode == request.bound_worker:  # it computed the session's previous prompt
+            blocks = max(blocks, request.reused)
+        held = int(blocks * self.tokens_per_block)
         uncached = max(0, request.prompt_tokens - held)
         mode = self.config.mode
         if mode == "never":
             return Split(None, "never", uncached)
         if mode == "session_aware" and uncached < self.config.threshold_tokens:
             return Split(None, "warm", uncached)
+        full = self.config.max_prefill_requests
+        room = [w for w in workers if not w.prefills or _requests(w) < full]
+        if mode == "session_aware" and not any(w.prefills for w in room):
+            return Split(None, "prefill_busy", uncached)
         key = request.session_key
         result = self.scheduler.schedule(
             replace(request, subset=None, pinned=None, bound_worker=self.bound(key),
-                    matched=None), workers)
+                    matched=None), room if mode == "session_aware" else workers)
         if not result.ordered:
             return Split(None, "no_prefill_worker", uncached)
         prefill = result.ordered[0]
@@ -106,3 +119,8 @@ class Disaggregator:
                 self._bound.popitem(last=False)
         return Split(prefill, "always" if mode == "always" else "cold", uncached,
                      dict(result.total))
+
+
+def _requests(worker: Worker) -> int:
+    """Its requests as last scraped, or the router's own count when the scrape is stale."""
+    return worker.in_flight if worker.stale else worker.running + worker.waiting
