@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from ..config import Scheduling
 from .cost import DynamoCost
 from .filters import DecodeFilter, HealthyFilter, SubsetFilter
+from .lora import LoraAffinityScorer
 from .picker import MaxScorePicker
 from .plugins import SCORERS, Context
 from .sessions import ActiveSessionsScorer
@@ -167,13 +168,14 @@ def from_config(
     scorers: list[tuple[Scorer, float]] = [] if dynamo else [
         (SCORERS[name].make(context), weight) for name, weight in config.scorers.items() if weight]
     sessions = next((s for s, _ in scorers if isinstance(s, ActiveSessionsScorer)), None)
+    observers = [s for s, _ in scorers if isinstance(s, ActiveSessionsScorer | LoraAffinityScorer)]
     return Scheduler(
         scorers,
         MaxScorePicker(rng),
         [SubsetFilter(), HealthyFilter(), DecodeFilter()],
         index,
         cost=DynamoCost(config.overlap_weight) if dynamo else None,
-        observers=[sessions] if sessions is not None else [],
+        observers=observers,
         max_waiting=config.max_waiting_per_worker,
         timer=timer,
         prefer=prefer,
