@@ -32,6 +32,7 @@ from .contract import (
     OBSERVE_HEADER,
     PICK_HEADER,
     PREFILL_HEADER,
+    PREFILL_PICK_HEADER,
     REPLAY_HEADER,
     SERVED_KEY,
     SUBSET_KEY,
@@ -219,6 +220,8 @@ def _diagnostic_headers(routed: Routed) -> list[core.HeaderValueOption]:
            for name, value in zip(_HEADER_NAMES, routed.diagnostics, strict=True)]
     if routed.workers:
         out.append(_header(PICK_HEADER, routed.workers[0]))
+    if routed.placement.prefill is not None:
+        out.append(_header(PREFILL_PICK_HEADER, routed.placement.prefill))
     return out
 
 
