@@ -238,5 +238,5 @@ def test_the_plugin_registry_is_what_config_and_the_scheduler_read(config):
         name: name for name in SCORERS}
     data = session_config_data()
     data.setdefault("scheduling", {})["scorers"] = {"prefix": 1.0, "nope": 1.0}
-    with pytest.raises(ConfigError, match="scheduling.scorers.nope: unknown scorer"):
+    with pytest.raises(ConfigError, match=r"scheduling\.scorers\.nope: unknown scorer"):
         parse_config(data)
