@@ -19,7 +19,7 @@ import pytest
 
 from extproc.dev.harness import Gateway, run_gateway
 from tests.e2e.agents import HARD, Agent, agents
-from tests.e2e.conftest import e2e_config, get_json, violations
+from tests.e2e.conftest import ADMIN_TOKEN, e2e_config, get_json, violations
 
 pytestmark = pytest.mark.e2e
 SESSIONS, ROUNDS = 9, 4
@@ -91,6 +91,37 @@ def test_decode_and_prefill_workers_chosen_by_the_picker_serve_and_tool_loops_st
     prefill_state = get_json(f"http://{prefill_worker}/admin/state")
     assert prefill_state["requests"] == len(first) + split_continuing  # only the sidecars' calls
     assert prefill_state["violations"] == {k: 0 for k in prefill_state["violations"]}
+
+
+def test_the_web_view_shows_the_split_and_both_picks(pd_gateway, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from tests.e2e.test_observe import ARTEFACTS, _chromium
+
+    agent = agents(pd_gateway.url, 1, "pdview")[0]
+    agent.task = f"Session view. {TASK}"
+    first = agent.turn()
+    driver = _chromium(tmp_path / "chromium-profile")
+    wait = WebDriverWait(driver, 30)
+    try:
+        driver.get(f"{pd_gateway.pickers[POOL].http}/ui")
+        driver.find_element(By.ID, "token").send_keys(ADMIN_TOKEN)
+        driver.find_element(By.ID, "sign-in").click()
+        wait.until(lambda d: d.find_element(
+            By.CSS_SELECTOR, "#sessions tr[data-session='pdview-0']")).click()
+        wait.until(lambda d: d.find_element(
+            By.CSS_SELECTOR, f"rect.slice[data-replay='{first.replay_id}']")).click()
+        body = str(wait.until(lambda d: (
+            d.find_element(By.ID, "decision-title").text.endswith(first.replay_id)
+            and d.find_element(By.ID, "decision-body").text) or None))
+        assert "Prefill / decode" in body and "split" in body and "cold" in body
+        assert pd_gateway.instance(f"{POOL}-2") in body  # the prefill pick
+        assert first.worker in body  # the decode pick
+        ARTEFACTS.mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(ARTEFACTS / "web-view-pd.png"))
+    finally:
+        driver.quit()
 
 
 def test_a_clients_prefiller_header_is_never_trusted(pd_gateway):
