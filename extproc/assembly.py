@@ -14,7 +14,12 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from .adapter.contract import DESTINATION_HEADER, DIAGNOSTIC_PREFIX, OBSERVE_HEADER
+from .adapter.contract import (
+    DESTINATION_HEADER,
+    DIAGNOSTIC_PREFIX,
+    OBSERVE_HEADER,
+    PREFILL_HEADER,
+)
 from .apis import Preambles
 from .config import Config
 from .core.bodies import LargeBodies
@@ -36,6 +41,7 @@ from .scheduling import (
     WorkerRegistry,
     from_config,
 )
+from .scheduling.disaggregation import Disaggregator
 from .scheduling.kv_events import PreciseKVIndex, TierWeights
 from .scheduling.memo import BlockMemo
 from .scheduling.placement import PRECISE_BLOCK_SIZE, Pools
@@ -111,7 +117,7 @@ def assemble(
         rows = JsonlSink(config.replay.mooncake_trace_path)
         sinks.append(rows)
         trace = MooncakeTraceWriter(rows.write)
-    journal = ReplayJournal(replay, trace)
+    journal = ReplayJournal(replay, trace, metrics)
     router = Router(config, identity=identity, health=health, engine=engine, pools=pools,
                     journal=journal, metrics=metrics, clock=clock, new_id=replay.new_id,
                     table=table,
@@ -123,7 +129,7 @@ def assemble(
     options = Options.from_config(
         config, shared=config.state.store == "redis" if shared is None else shared,
         diagnostic_prefix=DIAGNOSTIC_PREFIX, destination_header=DESTINATION_HEADER,
-        observe_header=OBSERVE_HEADER)
+        observe_header=OBSERVE_HEADER, prefill_header=PREFILL_HEADER)
     return Parts(config, metrics, router, replay, pools, health, bodies, options, table, sinks)
 
 
@@ -162,8 +168,13 @@ def _pools(config: Config, clock: Clock, table: SessionTable, rng: random.Random
         sessions = SessionPrefixIndex(table=table)
         if isinstance(index, PreciseKVIndex):
             index.listeners.append(sessions.located)
+    tokens_per_block = (PRECISE_BLOCK_SIZE if tokenizer is not None
+                        else max(1, prefix.chars_per_block // 4))
+    disaggregation = Disaggregator.from_config(
+        scheduling, index=index, rng=rng, tokens_per_block=tokens_per_block,
+        max_sessions=config.memory.max_sessions)
     pools = Pools(config, registry=registry, index=index, memo=memo, admission=admission,
                   scheduler=scheduler, table=table, tokenizer=tokenizer, shared_pool=shared_pool,
-                  hints=hints, sessions=sessions)
+                  hints=hints, sessions=sessions, disaggregation=disaggregation)
     table.leaving(pools.left)
     return pools

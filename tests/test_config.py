@@ -82,6 +82,25 @@ def test_validation_names_file_and_key(example_data, mutate, message):
          "models.qwen3-8b.endpoints[0]: must be host:port, got 'no-port'"),
         (lambda d: d["routing"]["decisions"][0]["rules"].update(apis=["grpc"]),
          "routing.decisions[0].rules.apis[0]: must be 'openai_chat', 'openai_responses' or"),
+        (lambda d: d["models"]["qwen3-8b"].update(
+            endpoints=[], workers=[{"address": "a:1", "role": "prefil"}]),
+         "models.qwen3-8b.workers[0].role: must be 'prefill', 'decode' or 'both'"),
+        (lambda d: d["models"].update(lora={"cluster": "qwen3-8b", "base": "gpt-9"}),
+         "models.lora.base: unknown model 'gpt-9'"),
+        (lambda d: d["models"].update(lora={"cluster": "qwen3-8b", "base": "qwen3-8b"},
+                                      lora2={"cluster": "qwen3-8b", "base": "lora"}),
+         "models.lora2.base: 'lora' is itself an adapter (of 'qwen3-8b')"),
+        (lambda d: d["models"].update(lora={"cluster": "qwen3-8b", "base": "qwen3-8b",
+                                            "endpoints": ["a:1"]}),
+         "models.lora: an adapter has no workers of its own"),
+        (lambda d: d["models"].update(lora={"cluster": "other", "base": "qwen3-8b"}),
+         "models.lora.cluster: an adapter goes to its base's cluster ('qwen3-8b')"),
+        (lambda d: d.setdefault("scheduling", {}).update(
+            disaggregation={"scorers": {"nope": 1}}),
+         "scheduling.disaggregation.scorers.nope: unknown scorer"),
+        (lambda d: d.setdefault("scheduling", {}).update(
+            disaggregation={"mode": "sometimes"}),
+         "scheduling.disaggregation.mode: must be 'session_aware', 'always' or 'never'"),
     ],
 )
 def test_values_out_of_range_are_refused_with_their_key(example_data, mutate, message):

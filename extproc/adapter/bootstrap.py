@@ -178,7 +178,7 @@ def bootstrap(
             "clusters": processor_clusters(config, ports)
             + [
                 _model_cluster(model.cluster, model.addresses)
-                for model in config.models.values()
+                for model in config.models.values() if model.base is None  # adapters share it
             ],
         },
     }

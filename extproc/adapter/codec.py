@@ -31,6 +31,8 @@ from .contract import (
     MODEL_RETRIES,
     OBSERVE_HEADER,
     PICK_HEADER,
+    PREFILL_HEADER,
+    PREFILL_PICK_HEADER,
     REPLAY_HEADER,
     SERVED_KEY,
     SUBSET_KEY,
@@ -202,6 +204,9 @@ class Routing:
             if routed.locked:
                 workers = (workers[0],) * (MODEL_RETRIES + 1)
             headers.append(_header(DESTINATION_HEADER, routed.workers[0]))
+            prefill = routed.placement.prefill
+            if prefill is not None:
+                headers.append(_header(PREFILL_HEADER, prefill))
             lb = metadata.fields[LB_NAMESPACE].struct_value.fields
             lb[DESTINATION_HEADER].string_value = ",".join(workers)
         common.header_mutation.set_headers.extend(headers)
@@ -215,6 +220,8 @@ def _diagnostic_headers(routed: Routed) -> list[core.HeaderValueOption]:
            for name, value in zip(_HEADER_NAMES, routed.diagnostics, strict=True)]
     if routed.workers:
         out.append(_header(PICK_HEADER, routed.workers[0]))
+    if routed.placement.prefill is not None:
+        out.append(_header(PREFILL_PICK_HEADER, routed.placement.prefill))
     return out
 
 

@@ -276,6 +276,8 @@ class Options:
     destination_header: str
     observe_header: str
     """The names Envoy trusts (the adapter's contract): a client's copies are removed."""
+    prefill_header: str | None = None
+    """The prefill pick's header, which the decode worker's sidecar trusts: also removed."""
     max_body_bytes: int = 8 * 1024 * 1024
     parse_thread_bytes: int = 256 * 1024
     hold_paused: bool = True
@@ -487,7 +489,8 @@ class Exchange:
     def _spoofed(self, headers: Mapping[str, str]) -> tuple[str, ...]:
         """Client headers that Envoy or we would trust for routing: always removed."""
         options = self._options
-        trusted = (options.destination_header, options.cluster_header, options.model_header)
+        trusted = (options.destination_header, options.cluster_header, options.model_header,
+                   options.prefill_header)
         names = tuple(h for h in headers
                       if h in trusted or h.startswith(options.diagnostic_prefix))
         for name in names:

@@ -344,19 +344,32 @@ def _start_sims(
     config: dict[str, Any], workers_per_model: int, sim_args: Sequence[str],
     kv_events_tokenizer: Path | None,
     spawn: Callable[[str, Sequence[str], Callable[[subprocess.Popen[bytes]], None]], Service],
+    roles: Sequence[str] = (),
 ) -> dict[str, list[str]]:
-    """Start ``workers_per_model`` simulators per model and write them into ``config``."""
+    """Start ``workers_per_model`` simulators per model and write them into ``config``; with
+    ``roles`` (one per worker), that many, each playing its role (``prefill``, ``decode``,
+    ``both``). A LoRA adapter (``base``) has no simulators: its base's serve it."""
     sims: dict[str, list[str]] = {}
+    adapters: dict[str, list[str]] = {}
+    for name, model in config["models"].items():
+        if model.get("base"):
+            adapters.setdefault(model["base"], []).append(name)
     for model_name, model in config["models"].items():
+        if model.get("base"):
+            continue
         workers = []
-        for index in range(workers_per_model):
+        lora = [arg for name in adapters.get(model_name, ()) for arg in ("--lora-module", name)]
+        for index, role in enumerate(roles or ("both",) * workers_per_model):
             port = free_port()
             worker: dict[str, str] = {"address": f"127.0.0.1:{port}"}
-            extra: list[str] = []
+            extra: list[str] = [*lora]
+            if role != "both":
+                worker["role"] = role
+                extra += ["--role", role]
             if kv_events_tokenizer is not None:
                 worker["kv_events"] = f"tcp://127.0.0.1:{free_port()}"
-                extra = ["--tokenizer", str(kv_events_tokenizer),
-                         "--kv-events-endpoint", worker["kv_events"]]
+                extra += ["--tokenizer", str(kv_events_tokenizer),
+                          "--kv-events-endpoint", worker["kv_events"]]
             spawn(
                 f"sim-{model_name}-{index}",
                 [sys.executable, "-m", "extproc", "sim-server", "--host", "127.0.0.1",
@@ -487,11 +500,13 @@ def run_gateway(
     tls: bool = True,
     fail_open: bool = False,
     workdir: str | Path | None = None,
+    roles: Sequence[str] = (),
 ) -> Iterator[Gateway]:
     """Envoy in the shape a gateway generates for InferencePools (``gateway_bootstrap``), an
     endpoint picker per pool (``saar serve --pool-name MODEL``, TLS) and ``workers_per_model``
     simulated workers per model; with ``router``, the model router in front (``saar serve``,
-    scheduling off). The pickers use their config's workers (static discovery)."""
+    scheduling off). The pickers use their config's workers (static discovery). ``roles``: the
+    workers of each model and their phases (a disaggregated pool)."""
     tmp = Path(workdir or tempfile.mkdtemp(prefix="saar-gateway-"))
     tmp.mkdir(parents=True, exist_ok=True)
     services: list[Service] = []
@@ -513,12 +528,13 @@ def run_gateway(
 
     try:
         config = copy.deepcopy(base_config)
-        sims = _start_sims(config, workers_per_model, (), None, spawn)
+        sims = _start_sims(config, workers_per_model, (), None, spawn, roles)
         server = config.setdefault("server", {})
         server.update({"host": "127.0.0.1", "tls": {"enabled": tls}})
         picker_path = tmp / "picker.yaml"
         picker_path.write_text(yaml.safe_dump(config, sort_keys=False))
-        chosen = tuple(pools or config["models"])
+        chosen = tuple(pools or (m for m, spec in config["models"].items()
+                                 if not spec.get("base")))
         pickers = {model: processor(f"picker-{model}", picker_path, "--pool-name", model)
                    for model in chosen}
         front = None

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import xxhash
 
@@ -25,6 +25,9 @@ from ..core.journal import Decided, Outcome
 from ..types import ResponseSummary
 from .replay import Record, ReplayStore
 from .trace import MooncakeTraceWriter
+
+if TYPE_CHECKING:
+    from .metrics import Metrics
 
 _TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
 MAX_TRACED_IN_FLIGHT = 100_000
@@ -39,9 +42,11 @@ def id_ref(value: str) -> str:
 class ReplayJournal:
     """Writes each decision into ``replay`` and each outcome part onto its record."""
 
-    def __init__(self, replay: ReplayStore, trace: MooncakeTraceWriter | None = None) -> None:
+    def __init__(self, replay: ReplayStore, trace: MooncakeTraceWriter | None = None,
+                 metrics: Metrics | None = None) -> None:
         self.replay = replay
         self._trace = trace
+        self._metrics = metrics
         self._traced: OrderedDict[str, tuple[str | None, float, int, Sequence[int],
                                              float | None]] = OrderedDict()
         """replay id → (session key, started, context tokens, blocks, tool delay) in flight."""
@@ -49,6 +54,12 @@ class ReplayJournal:
 
     def decided(self, entry: Decided) -> None:
         self.replay.put(decision_record(entry))
+        split = entry.placement.split
+        if self._metrics is not None and split is not None:
+            model = entry.decision.model
+            self._metrics.pd_decisions.labels(model, split.reason).inc()
+            if split.prefill is not None:
+                self._metrics.prefill_picks.labels(model, split.prefill).inc()
         if self._trace is not None:
             state = entry.state
             delay = None if state is None else max(0.0, entry.time - state.last_seen)
@@ -215,6 +226,16 @@ def decision_record(entry: Decided) -> dict[str, Any]:
             "scores": {k: round(v, 4) for k, v in result.total.items()},
             "by_scorer": {name: {k: round(v, 4) for k, v in scores.items()}
                           for name, scores in result.scores.items()},
+        },
+        "pd": None
+        if placement.split is None
+        else {
+            "split": placement.split.prefill is not None,
+            "reason": placement.split.reason,
+            "uncached_tokens": placement.split.uncached_tokens,
+            "decode": placement.worker,
+            "prefill": placement.split.prefill,
+            "prefill_scores": {k: round(v, 4) for k, v in placement.split.scores.items()},
         },
         "timings_us": None
         if timings is None

@@ -51,6 +51,16 @@ class Metrics:
             "saar_worker_picks", "Workers picked inside a model's pool", ["model", "worker"],
             registry=r,
         )
+        self.pd_decisions = Counter(
+            "saar_pd_decisions", "Prefill/decode decisions of requests to pools with prefill "
+            "workers, by model and reason (cold, always: split; warm, never, "
+            "no_prefill_worker: prefilled on the decode worker)", ["model", "reason"],
+            registry=r,
+        )
+        self.prefill_picks = Counter(
+            "saar_prefill_picks", "Prefill workers picked for split requests (the decode pick "
+            "is saar_worker_picks)", ["model", "worker"], registry=r,
+        )
         self.holds = Counter(
             "saar_holds", "Requests held at the processor, by kind (paused, locked, "
             "large_body) and how the hold ended (ready, timeout)", ["kind", "outcome"],

@@ -15,6 +15,9 @@ failure backs off (doubling, capped) and re-lists; a watch the server ends (its 
 from the last ``resourceVersion`` seen, bookmarks included. The endpoint set is handed to
 ``publish`` whenever it changes — from the watching thread: the caller moves it onto its loop.
 ``synced`` turns true at the first complete list of pods (readiness waits for it).
+A pod's ``role_label`` (llm-d's ``llm-d.ai/role``: ``prefill``, ``decode``, ``both``) is its
+workers' phase in a disaggregated pool: ``specs`` gives the workers with their roles, and a
+changed role publishes too.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from ..config import ROLES, Role, WorkerSpec
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +81,7 @@ class KubernetesDiscovery:
         api_client: Any = None,
         watch_seconds: int = 60,
         backoff: tuple[float, float] = (0.2, 5.0),
+        role_label: str = "llm-d.ai/role",
     ) -> None:
         from kubernetes import client
 
@@ -92,7 +98,11 @@ class KubernetesDiscovery:
         self._spec: PoolSpec | None = None
         self._spec_known = threading.Event()
         self._pods: dict[str, tuple[str, ...]] = {}
-        self._published: tuple[str, ...] | None = None
+        self._roles: dict[str, Role] = {}
+        """Pod → its phase, from ``role_label`` (a pod without it, or with another value, is
+        ``both``)."""
+        self._role_label = role_label
+        self._published: tuple[WorkerSpec, ...] | None = None
         self._watches: list[Any] = []
         self._threads: list[threading.Thread] = []
         self.synced = False
@@ -117,6 +127,18 @@ class KubernetesDiscovery:
     @property
     def endpoints(self) -> tuple[str, ...]:
         return tuple(sorted({e for found in self._pods.values() for e in found}))
+
+    @property
+    def specs(self) -> tuple[WorkerSpec, ...]:
+        """The ready pods' workers with their roles (what the registry takes)."""
+        found = {e: self._roles.get(name, "both")
+                 for name, endpoints in self._pods.items() for e in endpoints}
+        return tuple(WorkerSpec(address=e, role=found[e]) for e in sorted(found))
+
+    def _role(self, pod: Any) -> Role:
+        value = ((pod.metadata.labels or {}) if pod.metadata is not None else {}).get(
+            self._role_label)
+        return value if value in ROLES else "both"
 
     # -- the InferencePool -----------------------------------------------------------------
 
@@ -201,6 +223,7 @@ class KubernetesDiscovery:
                     self.namespace, label_selector=spec.label_selector)
                 self._pods = {p.metadata.name: pod_endpoints(p, spec.ports)
                               for p in pods.items}
+                self._roles = {p.metadata.name: self._role(p) for p in pods.items}
                 self._changed(synced=True)
                 version = pods.metadata.resource_version
                 while not self._stopped.is_set() and not self._spec_changed.is_set():
@@ -241,17 +264,19 @@ class KubernetesDiscovery:
         found = () if kind == "DELETED" else pod_endpoints(pod, spec.ports)
         if found:
             self._pods[name] = found
+            self._roles[name] = self._role(pod)
         else:
             self._pods.pop(name, None)
+            self._roles.pop(name, None)
         self._changed()
 
     def _changed(self, *, synced: bool = False) -> None:
-        endpoints = self.endpoints
-        if endpoints != self._published:
-            self._published = endpoints
+        specs = self.specs
+        if specs != self._published:  # a pod's role may change with its endpoints unchanged
+            self._published = specs
             log.info("InferencePool %s/%s: %d ready endpoints", self.namespace, self.pool,
-                     len(endpoints))
-            self._publish(endpoints)
+                     len(specs))
+            self._publish(self.endpoints)
         if synced:
             self.synced = True
 

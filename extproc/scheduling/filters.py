@@ -26,3 +26,22 @@ class HealthyFilter:
 
     def filter(self, request: SchedulingRequest, workers: Sequence[Worker]) -> list[Worker]:
         return [w for w in workers if w.healthy]
+
+
+class DecodeFilter:
+    """Only workers that serve requests: a prefill-only worker (role ``prefill``) takes only
+    its decode workers' sidecars' calls."""
+
+    name = "decode_role"
+
+    def filter(self, request: SchedulingRequest, workers: Sequence[Worker]) -> list[Worker]:
+        return [w for w in workers if w.decodes]
+
+
+class PrefillFilter:
+    """Only prefill workers: the candidates of a split request's prefill pick."""
+
+    name = "prefill_role"
+
+    def filter(self, request: SchedulingRequest, workers: Sequence[Worker]) -> list[Worker]:
+        return [w for w in workers if w.prefills]

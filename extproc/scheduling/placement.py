@@ -34,6 +34,7 @@ from . import (
     Worker,
     WorkerRegistry,
 )
+from .disaggregation import Disaggregator, Split
 from .kv_events import PreciseKVIndex
 from .kv_hints import KvHint, KvHintEmitter
 from .memo import BlockMemo
@@ -79,10 +80,18 @@ class Placement:
     blocks: Sequence[int] = ()
     final: bool = False
     """The session's last request (``x-dynamo-session-final``): it ends when this one does."""
+    split: Split | None = None
+    """The prefill/decode decision (None: no disaggregation configured); ``workers`` are the
+    decode worker and its fallbacks."""
 
     @property
     def worker(self) -> str | None:
         return self.workers[0] if self.workers else None
+
+    @property
+    def prefill(self) -> str | None:
+        """The prefill worker the decode worker's sidecar calls first (None: local prefill)."""
+        return None if self.split is None else self.split.prefill
 
 
 class Pools:
@@ -100,6 +109,7 @@ class Pools:
         shared_pool: SharedKVPool | None = None,
         hints: KvHintEmitter | None = None,
         sessions: SessionPrefixIndex | None = None,
+        disaggregation: Disaggregator | None = None,
     ) -> None:
         """The parts come from ``extproc.assembly``; every per-session slot hangs on
         ``table``, whose leaving sessions this object lets go of (``left``)."""
@@ -116,6 +126,8 @@ class Pools:
         self.shared_pool = shared_pool
         self.hints = hints
         self.sessions = sessions
+        self.disaggregation = disaggregation
+        """Prefill/decode splitting, when the pool has prefill workers to split to."""
         self.table = table
         self.hints_out: deque[KvHint] = deque(maxlen=scheduling.hints.max_pending)
         """Hints made and not yet delivered, oldest first (the oldest dropped past the bound,
@@ -211,6 +223,7 @@ class Pools:
         request = SchedulingRequest(
             model, session_key, blocks, prompt.request.context_tokens,
             subset, bound, pinned, reused, prompt._matched.get(model), parent,
+            adapter=model if self.registry.is_adapter(model) else None,
         )
         result = self.scheduler.schedule(request, pool)
         if result.shed:
@@ -232,7 +245,11 @@ class Pools:
                 session_key, worker, matched_tokens=int(matched),
                 prompt_tokens=prompt.request.context_tokens, parent=parent,
                 name=None if identity is None else identity.session_id))
-        return Placement(result.ordered, result, request.prompt_blocks, final)
+        split = None
+        if self.disaggregation is not None:  # the decode worker is picked: split or not
+            split = self.disaggregation.decide(request, result.ordered[0],
+                                               result.matched_blocks, pool)
+        return Placement(result.ordered, result, request.prompt_blocks, final, split)
 
     def started(self, placement: Placement, session_key: str | None, tokens: int) -> None:
         if placement.worker is None:

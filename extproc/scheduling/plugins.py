@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from ..state.table import SessionTable
 from .affinity import SessionAffinityScorer
+from .lora import LoraAffinityScorer
 from .scorers import KvUtilizationScorer, PrefixScorer, QueueScorer
 from .sessions import ActiveSessionsScorer
 from .types import PrefixIndex, Scorer
@@ -48,12 +49,22 @@ def _active_sessions(context: Context) -> Scorer:
                                 max_sessions=context.max_sessions)
 
 
+def _lora_affinity(context: Context) -> Scorer:
+    """Weight 8: neutral for a base model's requests (1.0 everywhere); for an adapter's, a load
+    evicts another adapter and stalls the batch — in ``saar simulate --scenario lora`` weight 2
+    changed loads by -60% to +4% against ``kv_aware``, 8 cut them by 63-71% at +1-9%
+    throughput."""
+    return LoraAffinityScorer(idle_seconds=context.config.session_idle_seconds,
+                              clock=context.clock, max_sessions=context.max_sessions)
+
+
 SCORERS: dict[str, ScorerPlugin] = {plugin.name: plugin for plugin in (
     ScorerPlugin(PrefixScorer.name, 3.0, lambda c: PrefixScorer(c.index)),
     ScorerPlugin(QueueScorer.name, 2.0, lambda c: QueueScorer()),
     ScorerPlugin(KvUtilizationScorer.name, 2.0, lambda c: KvUtilizationScorer()),
     ScorerPlugin(SessionAffinityScorer.name, 1.0, lambda c: SessionAffinityScorer()),
     ScorerPlugin(ActiveSessionsScorer.name, 3.0, _active_sessions),
+    ScorerPlugin(LoraAffinityScorer.name, 8.0, _lora_affinity),
 )}
 
 

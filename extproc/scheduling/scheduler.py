@@ -16,7 +16,8 @@ from typing import Any, TypeVar
 from ..config import Scheduling
 from ..state.table import SessionTable
 from .cost import DynamoCost
-from .filters import HealthyFilter, SubsetFilter
+from .filters import DecodeFilter, HealthyFilter, SubsetFilter
+from .lora import LoraAffinityScorer
 from .picker import MaxScorePicker
 from .plugins import SCORERS, Context
 from .sessions import ActiveSessionsScorer
@@ -161,7 +162,8 @@ def from_config(
     prefer: Callable[[str | None], str | None] | None = None,
     table: SessionTable | None = None,
 ) -> Scheduler:
-    """The scheduler ``config`` describes: the subset and healthy filters, the named scorers (the
+    """The scheduler ``config`` describes: the subset, healthy and decode-role filters, the
+    named scorers (the
     plugin registry's) with their weights (zero-weight ones left out; none in the Dynamo cost
     form), a seeded max-score
     picker. ``clock`` ages the active-sessions scorer's placements (a simulator's virtual
@@ -172,13 +174,14 @@ def from_config(
     scorers: list[tuple[Scorer, float]] = [] if dynamo else [
         (SCORERS[name].make(context), weight) for name, weight in config.scorers.items() if weight]
     sessions = next((s for s, _ in scorers if isinstance(s, ActiveSessionsScorer)), None)
+    observers = [s for s, _ in scorers if isinstance(s, ActiveSessionsScorer | LoraAffinityScorer)]
     return Scheduler(
         scorers,
         MaxScorePicker(rng),
-        [SubsetFilter(), HealthyFilter()],
+        [SubsetFilter(), HealthyFilter(), DecodeFilter()],
         index,
         cost=DynamoCost(config.overlap_weight) if dynamo else None,
-        observers=[sessions] if sessions is not None else [],
+        observers=observers,
         max_waiting=config.max_waiting_per_worker,
         timer=timer,
         prefer=prefer,

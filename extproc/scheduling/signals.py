@@ -16,7 +16,10 @@ _WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs")
 _KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")
 _VLLM_CACHE_CONFIG = "vllm:cache_config_info"
 _SGLANG_CAPACITY = "sglang:max_total_num_tokens"
-_NAMES = (*_RUNNING, *_WAITING, *_KV_USAGE, _VLLM_CACHE_CONFIG, _SGLANG_CAPACITY)
+_LORA = "vllm:lora_requests_info"
+"""One sample per change, valued with its time; the newest says which adapters are running
+and waiting (comma lists) and ``max_lora``."""
+_NAMES = (*_RUNNING, *_WAITING, *_KV_USAGE, _VLLM_CACHE_CONFIG, _SGLANG_CAPACITY, _LORA)
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +33,9 @@ class Signals:
     block_size: int | None = None
     num_blocks: int | None = None
     cpu_blocks: int | None = None
+    adapters_running: frozenset[str] | None = None
+    adapters_waiting: frozenset[str] | None = None
+    max_lora: int | None = None
 
 
 def parse_metrics(text: str) -> Signals:
@@ -40,6 +46,7 @@ def parse_metrics(text: str) -> Signals:
     kv_usage: float | None = None
     block_size = num_blocks = cpu_blocks = None
     seen: set[str] = set()
+    lora: tuple[float, dict[str, str]] | None = None
     for family in text_string_to_metric_families(wanted):
         for sample in family.samples:
             name, value = sample.name, sample.value
@@ -56,6 +63,8 @@ def parse_metrics(text: str) -> Signals:
                 cpu_blocks = _int_label(sample.labels, "num_cpu_blocks")
             elif name == _SGLANG_CAPACITY:
                 block_size, num_blocks = 1, int(value)
+            elif name == _LORA and (lora is None or value >= lora[0]):
+                lora = (value, sample.labels)
     return Signals(
         running=int(running) if seen.intersection(_RUNNING) else None,
         waiting=int(waiting) if seen.intersection(_WAITING) else None,
@@ -63,7 +72,14 @@ def parse_metrics(text: str) -> Signals:
         block_size=block_size,
         num_blocks=num_blocks,
         cpu_blocks=cpu_blocks or None,
+        adapters_running=None if lora is None else _names(lora[1], "running_lora_adapters"),
+        adapters_waiting=None if lora is None else _names(lora[1], "waiting_lora_adapters"),
+        max_lora=None if lora is None else _int_label(lora[1], "max_lora"),
     )
+
+
+def _names(labels: dict[str, str], name: str) -> frozenset[str]:
+    return frozenset(n for n in labels.get(name, "").split(",") if n)
 
 
 def _int_label(labels: dict[str, str], name: str) -> int | None:

@@ -28,6 +28,14 @@ class Worker:
     """KV capacity in blocks as the server reports it (``vllm:cache_config_info``)."""
     cpu_blocks: int | None = None
     """Host-memory KV tier in blocks, when the server reports one (``num_cpu_blocks``)."""
+    role: str = "both"
+    """``prefill``, ``decode`` or ``both`` (``config.Role``): its phase in a disaggregated pool."""
+    adapters_running: frozenset[str] = frozenset()
+    """LoRA adapters with requests running (``vllm:lora_requests_info``)."""
+    adapters_waiting: frozenset[str] = frozenset()
+    """LoRA adapters with requests waiting for a slot."""
+    max_lora: int | None = None
+    """Adapters it batches at once (vLLM ``--max-loras``); None: not reported."""
     in_flight: int = 0
     scraped_at: float | None = None
     stale: bool = False
@@ -37,6 +45,16 @@ class Worker:
     @property
     def capacity_tokens(self) -> int | None:
         return None if self.num_blocks is None else self.num_blocks * self.block_size
+
+    @property
+    def decodes(self) -> bool:
+        """It serves requests (a prefill-only worker answers only its sidecars' calls)."""
+        return self.role != "prefill"
+
+    @property
+    def prefills(self) -> bool:
+        """It takes remote prefills for decode workers."""
+        return self.role == "prefill"
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +82,8 @@ class SchedulingRequest:
     parent_session: str | None = None
     """A sub-agent's parent session key: the child starts from its parent's context, so its
     first turn goes where the parent is."""
+    adapter: str | None = None
+    """The LoRA adapter the request names (``model`` is then an adapter of a base model)."""
 
 
 @dataclass(frozen=True, slots=True)

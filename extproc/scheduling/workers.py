@@ -16,14 +16,14 @@ from typing import Any
 
 import yaml
 
-from ..config import ConfigError, Model, WorkerSpec
+from ..config import ROLES, ConfigError, Model, WorkerSpec
 from ..types import Clock
 from .signals import parse_metrics
 from .types import Worker
 
 log = logging.getLogger(__name__)
 
-_SPEC_KEYS = frozenset({"address", "metrics_url", "kv_events"})
+_SPEC_KEYS = frozenset({"address", "metrics_url", "kv_events", "role"})
 
 
 class WorkerRegistry:
@@ -32,7 +32,10 @@ class WorkerRegistry:
     ) -> None:
         self._clock = clock
         self._staleness = staleness_seconds
-        self._configured = {name: _specs(model) for name, model in models.items()}
+        self._configured = {name: _specs(model) for name, model in models.items()
+                            if model.base is None}
+        self._bases = {name: model.base for name, model in models.items() if model.base}
+        """Adapter → its base model: an adapter's pool is its base's workers."""
         self._pools: dict[str, dict[str, Worker]] = {}
         self._sources: dict[str, Mapping[str, tuple[WorkerSpec, ...]]] = {}
         """Workers from elsewhere than the config: the workers file, Kubernetes discovery."""
@@ -41,10 +44,14 @@ class WorkerRegistry:
     def pool(self, model: str) -> list[Worker]:
         """The workers of ``model`` with their ``stale`` flag brought up to date."""
         now = self._clock()
-        workers = list(self._pools.get(model, {}).values())
+        workers = list(self._pools.get(self._bases.get(model, model), {}).values())
         for worker in workers:
             worker.stale = worker.scraped_at is None or now - worker.scraped_at > self._staleness
         return workers
+
+    def is_adapter(self, model: str) -> bool:
+        """``model`` is a LoRA adapter served by its base model's workers."""
+        return model in self._bases
 
     def apply_scrape(self, address: str, text: str, now: float) -> bool:
         """Record the signals of ``address``'s metrics page; a malformed page is logged and
@@ -67,6 +74,12 @@ class WorkerRegistry:
                 worker.num_blocks = signals.num_blocks
             if signals.cpu_blocks is not None:
                 worker.cpu_blocks = signals.cpu_blocks
+            if signals.adapters_running is not None:
+                worker.adapters_running = signals.adapters_running
+            if signals.adapters_waiting is not None:
+                worker.adapters_waiting = signals.adapters_waiting
+            if signals.max_lora is not None:
+                worker.max_lora = signals.max_lora
             worker.scraped_at = now
         return True
 
@@ -108,6 +121,7 @@ class WorkerRegistry:
                 worker = self._pools.get(model, {}).get(spec.address) or Worker(spec.address, model)
                 worker.metrics_url = spec.metrics_url or f"http://{spec.address}/metrics"
                 worker.kv_events = spec.kv_events
+                worker.role = spec.role
                 pool[spec.address] = worker
         self._pools = pools
 
@@ -121,8 +135,8 @@ class WorkerRegistry:
 def load_workers_file(
     path: str | Path, *, known: Iterable[str]
 ) -> dict[str, tuple[WorkerSpec, ...]]:
-    """Parse ``{model: [host:port | {address, metrics_url, kv_events}]}``; every model must be
-    one of ``known``."""
+    """Parse ``{model: [host:port | {address, metrics_url, kv_events, role}]}``; every model
+    must be one of ``known`` (a base model: adapters have no workers of their own)."""
     try:
         data = yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError) as exc:
@@ -148,6 +162,8 @@ def _spec(entry: Any, where: str) -> WorkerSpec:
         unknown = set(entry) - _SPEC_KEYS
         if unknown:
             raise ConfigError(f"{where}: unknown keys {sorted(unknown)}")
+        if entry.get("role", "both") not in ROLES:
+            raise ConfigError(f"{where}: role: one of {', '.join(ROLES)}, got {entry['role']!r}")
         if not all(v is None or isinstance(v, str) for v in entry.values()):
             raise ConfigError(f"{where}: values must be strings")
         return WorkerSpec(**entry)

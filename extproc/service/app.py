@@ -227,16 +227,17 @@ def _discovery(config: Config, parts: Parts) -> KubernetesDiscovery | None:
     loop = asyncio.get_running_loop()
     pools = parts.pools
 
-    def apply(endpoints: tuple[str, ...]) -> None:
-        specs = tuple(WorkerSpec(address=e) for e in endpoints)
+    def apply(specs: tuple[WorkerSpec, ...]) -> None:
         for address in pools.registry.set_source("kubernetes", {model: specs}):
             pools.index.forget(address)
 
     def publish(endpoints: tuple[str, ...]) -> None:
-        loop.call_soon_threadsafe(apply, endpoints)
+        # On the watching thread: the pods' roles are read there, with the endpoints.
+        loop.call_soon_threadsafe(apply, discovery.specs)
 
     discovery = KubernetesDiscovery(
-        found.namespace or default_namespace(), found.inference_pool, publish)
+        found.namespace or default_namespace(), found.inference_pool, publish,
+        role_label=found.role_label)
     discovery.start()
     return discovery
 

@@ -35,15 +35,17 @@ def pool_config(config: Config, model: str, *, source: str = "--pool-name") -> C
     if not config.scheduling.enabled:
         raise ConfigError(f"{source}: scheduling.enabled is false, but an endpoint picker "
                           "picks workers")
+    served = {name for name, m in config.models.items() if name == model or m.base == model}
+    """The pool's model and its LoRA adapters (one InferencePool serves a base model's)."""
     decisions = tuple(
-        replace(d, modelRefs=tuple(r for r in d.modelRefs if r.model == model))
-        for d in config.routing.decisions if any(r.model == model for r in d.modelRefs)
+        replace(d, modelRefs=tuple(r for r in d.modelRefs if r.model in served))
+        for d in config.routing.decisions if any(r.model in served for r in d.modelRefs)
     )
     if config.routing.logical_models and not decisions:
         decisions = (Decision(name="pool", modelRefs=(ModelRef(model=model),)),)
     return replace(
         config,
-        models={model: config.models[model]},
+        models={name: m for name, m in config.models.items() if name in served},
         routing=replace(config.routing, decisions=decisions),
         state=replace(config.state, key_prefix=pool_prefix(config.state.key_prefix, model)),
         scheduling=replace(config.scheduling, pool_name=model),

@@ -83,7 +83,7 @@ def test_one_endpoint_picker_per_model(manifest: Manifest, values: dict[str, Any
         config = service_config(manifest, picker["metadata"]["name"])
         assert config["scheduling"]["discovery"] == {
             "mode": "kubernetes", "namespace": NAMESPACE,
-            "inference_pool": pool["metadata"]["name"]}
+            "inference_pool": pool["metadata"]["name"], "role_label": "llm-d.ai/role"}
 
 
 def test_every_pool_names_a_rendered_service_that_reaches_only_its_picker(

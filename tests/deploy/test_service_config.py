@@ -86,6 +86,7 @@ def test_each_role_reads_the_gateway_keys(default_manifest: Manifest) -> None:
             continue
         discovery = config.scheduling.discovery
         assert discovery.mode == "kubernetes" and discovery.namespace
+        assert discovery.role_label == "llm-d.ai/role"  # the pods' P/D phase (llm-d's label)
         model = next(m for m in config.models if name.endswith(m))
         assert discovery.inference_pool and discovery.inference_pool.endswith(model)
         picker = pool_config(config, model)  # what `saar serve --pool-name` makes of it

@@ -47,6 +47,9 @@ class Agent:
     """Tool calls the last answer made, to be answered next turn."""
     issuers: dict[str, Served] = field(default_factory=dict)
     """id (tool call or response) → the turn that issued it."""
+    model: str = "auto"
+    task: str = HARD
+    """The first turn's user message (a long one makes a long first prefill)."""
 
     def __post_init__(self) -> None:
         """Each API's agent makes its SDK client here."""
@@ -83,9 +86,9 @@ class ChatAgent(Agent):
             self.messages += [{"role": "tool", "tool_call_id": c, "content": "3 passed"}
                               for c in self.pending]
         else:
-            self.messages.append({"role": "user", "content": HARD})
+            self.messages.append({"role": "user", "content": self.task})
         raw = self.client.chat.completions.with_raw_response.create(
-            model="auto", messages=self.messages, tools=[TOOL], stream=self.stream,
+            model=self.model, messages=self.messages, tools=[TOOL], stream=self.stream,
             **({"stream_options": {"include_usage": True}} if self.stream else {}))
         served = self._served(raw.headers, continues)
         calls, text = self._read(raw.parse())
@@ -136,10 +139,10 @@ class ResponsesAgent(Agent):
                 {"type": "function_call_output", "call_id": c, "output": "3 passed"}
                 for c in self.pending]
         else:
-            items = [{"type": "message", "role": "user", "content": HARD}]
+            items = [{"type": "message", "role": "user", "content": self.task}]
         extra = {"previous_response_id": self.previous} if self.previous else {}
         raw = self.client.responses.with_raw_response.create(
-            model="auto", input=items, tools=[RESPONSES_TOOL], stream=self.stream, **extra)
+            model=self.model, input=items, tools=[RESPONSES_TOOL], stream=self.stream, **extra)
         served = self._served(raw.headers, self.previous)
         response = raw.parse()
         if self.stream:
@@ -166,9 +169,9 @@ class MessagesAgent(Agent):
                 {"type": "tool_result", "tool_use_id": c, "content": "3 passed"}
                 for c in self.pending]})
         else:
-            self.messages.append({"role": "user", "content": HARD})
+            self.messages.append({"role": "user", "content": self.task})
         raw = self.client.messages.with_raw_response.create(
-            model="auto", max_tokens=64, messages=self.messages, tools=[MESSAGES_TOOL],
+            model=self.model, max_tokens=64, messages=self.messages, tools=[MESSAGES_TOOL],
             stream=self.stream)
         served = self._served(raw.headers, continues)
         blocks = self._read(raw.parse())

@@ -82,6 +82,32 @@ def test_pods_follow_the_watch_through_a_bookmark_and_a_410():
     assert pools[0] == {"fieldSelector": f"metadata.name={POOL}"}
 
 
+def test_the_role_label_gives_each_pods_workers_their_phase():
+    with FakeApiServer() as api:
+        api.script(POOLS, listed("pool-list.json"))
+        api.script(PODS, listed("pods-list-pd.json"))
+        api.script(PODS, watched("pods-watch-pd.jsonl"), watch=True)
+        published = Published()
+        seen: list[dict[str, str]] = []
+
+        def publish(endpoints: tuple[str, ...]) -> None:
+            seen.append({spec.address: spec.role for spec in found.specs})
+            published(endpoints)
+
+        found = KubernetesDiscovery("llm", POOL, publish, api_client=api.client(),
+                                    watch_seconds=5, backoff=(0.05, 0.2))
+        found.start()
+        try:
+            published.wait_for(("10.2.0.12:8000",))  # a deleted
+        finally:
+            found.stop()
+    assert seen[:3] == [
+        {"10.2.0.11:8000": "prefill"},
+        {"10.2.0.11:8000": "prefill", "10.2.0.12:8000": "decode"},
+        {"10.2.0.12:8000": "decode"},
+    ]
+
+
 def test_a_changed_selector_and_ports_relist_the_pods():
     with FakeApiServer() as api:
         api.script(POOLS, listed("pool-list.json"))

@@ -61,3 +61,19 @@ def test_parse_metrics(page: str, expected: Signals) -> None:
 def test_a_malformed_page_raises_value_error() -> None:
     with pytest.raises(ValueError):
         parse_metrics("vllm:num_requests_running{model_name= 1\n")
+
+
+LORA = """\
+# TYPE vllm:lora_requests_info gauge
+vllm:lora_requests_info{max_lora="4",running_lora_adapters="a",waiting_lora_adapters=""} 1.7e9
+vllm:lora_requests_info{max_lora="4",running_lora_adapters="a,b",waiting_lora_adapters="c"} 1.8e9
+vllm:lora_requests_info{max_lora="4",running_lora_adapters="",waiting_lora_adapters=""} 1.6e9
+"""
+
+
+def test_the_lora_gauge_newest_sample_names_the_adapters() -> None:
+    signals = parse_metrics(LORA)
+    assert signals.adapters_running == frozenset({"a", "b"})
+    assert signals.adapters_waiting == frozenset({"c"})
+    assert signals.max_lora == 4
+    assert parse_metrics("").adapters_running is None  # not reported: unchanged

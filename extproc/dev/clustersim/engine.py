@@ -9,6 +9,17 @@ the running ones; cached blocks of finished requests fill the rest of the pool, 
 into host memory (``tiers``). A request whose prefix sits in host memory waits in the batch for
 its blocks to land, then prefills only the rest; the batch keeps running meanwhile.
 
+Disaggregated, a prefill worker takes prefill-only requests (vLLM's ``max_tokens: 1`` call from
+the decode worker's sidecar) and caches what it computed; the decode worker then admits the
+request, pulls the KV it does not hold over its transfer link (vLLM's KV connector: a latency,
+then ``kv_transfer_tokens_per_s``, one transfer at a time), computes the last token and decodes.
+
+LoRA adapters take GPU slots (``max_lora``): a request whose adapter is not loaded loads it
+into a free slot, or into the slot of the least recently used adapter no running request
+uses, paying ``adapter_load_s``; with every slot busy it waits (vLLM skips it and schedules the
+next request). The gauge ``vllm:lora_requests_info`` reports the adapters of the running and
+the waiting requests.
+
 The worker also takes the router's KV hints (``scheduling.kv_hints``) and resolves each against
 what it knows of the session (``ownership``); it may ignore any of them.
 """
@@ -47,6 +58,14 @@ class CostModel:
     quarter of this (``--cpu-tokens-per-s 100000``) moves the hit rates by under half a point."""
     disk_tokens_per_s: float = 50_000.0
     """Disk-to-device rate: about 6 GB/s, one NVMe drive."""
+    kv_transfer_tokens_per_s: float = 200_000.0
+    """Prefill-to-decode KV transfer rate (NIXL over RDMA): about 25 GB/s, a 200 Gb/s NIC, at
+    ~127 KB of KV per token."""
+    kv_transfer_latency_s: float = 0.02
+    """Per hand-off: the sidecar's extra HTTP round trip and the transfer's setup."""
+    adapter_load_s: float = 0.25
+    """Loading a LoRA adapter into a GPU slot (from host memory: weights of a rank-16..64
+    adapter of a large model, plus vLLM's slot bookkeeping)."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +82,8 @@ class WorkerSpec:
     """Device evictions go to host memory (plain LRU offload, no hints needed)."""
     share_fraction: float = 0.2
     """At most this share of the device pool is pinned by ``share`` hints."""
+    max_lora: int = 0
+    """LoRA adapters batched at once (vLLM ``--max-loras``; 0: adapters not modelled)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -80,6 +101,14 @@ class SimRequest:
     """When the turn was ready at the router: the origin of its TTFT."""
     priority: float = 0.0
     """Seconds of queue precedence (admission's demotion and resume boosts)."""
+    adapter: str | None = None
+    """The LoRA adapter it runs with (None: the base model)."""
+    prefill_only: bool = False
+    """A disaggregated prefill (the sidecar's call to a prefill worker): no answer of its own."""
+    remote: bool = False
+    """Its prefill was done on a prefill worker: the KV it lacks comes over the transfer link."""
+    remote_tokens: int = 0
+    """Prompt tokens whose KV was transferred (not computed here, not a cache hit here)."""
     cached_tokens: int = 0
     """Prompt tokens not prefilled: found on the device or copied from a lower tier."""
     lower_tokens: dict[str, int] = field(default_factory=dict)
@@ -90,6 +119,7 @@ class SimRequest:
     produced: int = 0
     kv_blocks: int = 0
     first_token_s: float | None = None
+    done_s: float | None = None
 
 
 class EngineWorker:
@@ -118,6 +148,17 @@ class EngineWorker:
         self._plan: list[tuple[SimRequest, int]] = []
         self._decoders: list[SimRequest] = []
         self._iterations = 0
+        self._link_free_s = 0.0
+        """When the KV transfer link is free (transfers to this decode worker queue on it)."""
+        self.adapters: dict[str, float] = {}
+        """Adapters in GPU slots → when loaded (ready), least recently used first."""
+        self.adapter_loads = 0
+
+    def adapter_names(self) -> tuple[frozenset[str], frozenset[str]]:
+        """The adapters of the running and of the waiting requests (the LoRA gauge)."""
+        running = frozenset(r.adapter for r in self.running if r.adapter is not None)
+        waiting = frozenset(r.adapter for _, _, r in self._waiting if r.adapter is not None)
+        return running, waiting
 
     @property
     def waiting(self) -> int:
@@ -202,6 +243,7 @@ class EngineWorker:
         done = [r for r in self.running
                 if r.prefill_left == 0 and r.produced >= r.output_tokens]
         for request in done:
+            request.done_s = now
             self.running.remove(request)
             self._kv_blocks -= request.kv_blocks
             self._reserved -= request.kv_blocks - len(request.blocks)
@@ -215,21 +257,52 @@ class EngineWorker:
         return first, done
 
     def _admit(self, now: float) -> None:
+        skipped: list[tuple[float, int, SimRequest]] = []
         while self._waiting and len(self.running) < self.spec.max_batch:
             request = self._waiting[0][2]
             need = -(-(request.prompt_tokens + request.output_tokens) // self.block_size)
             if self.running and self._kv_blocks + need > self.total_blocks:
-                return
-            heapq.heappop(self._waiting)
+                break
+            entry = heapq.heappop(self._waiting)
+            adapter_ready = self._adapter(request.adapter, now)
+            if adapter_ready is None:  # every slot busy with running adapters: next request
+                skipped.append(entry)
+                continue
             lookable = max(request.prompt_tokens - 1, 0) // self.block_size
             found = self.kv.lookup(request.blocks, lookable, now)
             size = self.block_size
             request.lower_tokens = {m: n * size for m, n in found.lower.items()}
             request.cached_tokens = found.device * size + sum(request.lower_tokens.values())
-            request.loaded_s = found.ready_s
+            request.loaded_s = max(found.ready_s, adapter_ready)
             request.prefill_left = request.prompt_tokens - request.cached_tokens
+            if request.remote and request.prefill_left > 1:
+                request.remote_tokens = request.prefill_left - 1  # the last token: computed here
+                request.prefill_left = 1
+                rate = self.cost.kv_transfer_tokens_per_s
+                self._link_free_s = max(now, self._link_free_s) + request.remote_tokens / rate
+                request.loaded_s = max(request.loaded_s,
+                                       self._link_free_s + self.cost.kv_transfer_latency_s)
             request.kv_blocks = need
             self._kv_blocks += need
             self._reserved += need - len(request.blocks)
             self.kv.reserve(self._reserved)
             self.running.append(request)
+        for entry in skipped:
+            heapq.heappush(self._waiting, entry)
+
+    def _adapter(self, adapter: str | None, now: float) -> float | None:
+        """When ``adapter`` is ready in a GPU slot (loading it if it must); None: no slot."""
+        if adapter is None or not self.spec.max_lora:
+            return now
+        ready = self.adapters.pop(adapter, None)
+        if ready is None:
+            busy = {r.adapter for r in self.running}
+            if len(self.adapters) >= self.spec.max_lora:
+                idle = next((a for a in self.adapters if a not in busy), None)
+                if idle is None:
+                    return None
+                del self.adapters[idle]
+            ready = now + self.cost.adapter_load_s
+            self.adapter_loads += 1
+        self.adapters[adapter] = ready  # the most recently used last
+        return ready

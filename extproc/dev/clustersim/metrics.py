@@ -31,6 +31,16 @@ class RunMetrics:
     """Prompt tokens computed again although this session (or the parent it inherited from)
     had computed them before: the cost of eviction."""
     ttfts: list[float] = field(default_factory=list)
+    itls: list[float] = field(default_factory=list)
+    """Each completed turn's mean inter-token latency (after its first token)."""
+    routed: int = 0
+    split: int = 0
+    """Turns whose prefill went to a prefill worker (of ``routed``)."""
+    tool_loop_routed: int = 0
+    tool_loop_split: int = 0
+    """Of those, the turns continuing a session (a tool result on a warm context)."""
+    adapter_loads: int = 0
+    """LoRA adapters loaded into a worker's GPU slot."""
     censored: int = 0
     """TTFT samples still waiting at the horizon, counted with their wait so far."""
     held_turns: int = 0
@@ -48,6 +58,12 @@ class RunMetrics:
         self.lower_tokens.update(lower)
         self.output_tokens += output
         self.reprefill_tokens += reprefill
+
+    def dispatched(self, *, tool_loop: bool, split: bool) -> None:
+        self.routed += 1
+        self.split += split
+        self.tool_loop_routed += tool_loop
+        self.tool_loop_split += tool_loop and split
 
     def hint(self, kind: str, taken: bool) -> None:
         self.hints[kind if taken else f"{kind}_ignored"] += 1
@@ -88,6 +104,11 @@ class RunMetrics:
             "throughput_tok_s": round(self.throughput, 1),
             "ttft_p50_s": round(self.ttft(0.50), 3),
             "ttft_p99_s": round(self.ttft(0.99), 3),
+            "itl_p50_s": round(percentile(self.itls, 0.5), 4),
+            "split_fraction": round(self.split / max(self.routed, 1), 4),
+            "tool_loop_split_fraction": round(self.tool_loop_split
+                                              / max(self.tool_loop_routed, 1), 4),
+            "adapter_loads": self.adapter_loads,
             "reprefill_tokens": self.reprefill_tokens,
             "hints": dict(sorted(self.hints.items())),
             "kv_event_blocks": dict(sorted(self.kv_blocks.items())),

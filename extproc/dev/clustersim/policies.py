@@ -9,6 +9,12 @@ session ends, and the prefixes routing finds shared, into KV hints for the engin
 does for the live server).
 ``least_loaded`` is the same Scheduler with only the load scorers (queue and KV utilization:
 the "load-only" baseline); ``round_robin`` is the one local picker.
+
+``kv_aware`` leaves the ``lora_affinity`` scorer out (neutral without adapters);
+``lora_affinity`` is ``kv_aware`` with it, at its default weight. ``pd_never``, ``pd_always`` and
+``pd_session_aware`` are ``kv_aware`` (decode pick) with the server's ``Disaggregator`` in that
+mode (prefill pick by its own scorers): never split, split every request, split by the uncached
+tokens on the decode worker (``scheduling.disaggregation.threshold_tokens``).
 """
 
 from __future__ import annotations
@@ -20,13 +26,19 @@ from dataclasses import dataclass, replace
 from ...apis import CHARS_PER_TOKEN
 from ...config import Scheduling
 from ...scheduling.admission import AdmissionController
+from ...scheduling.disaggregation import Disaggregator
 from ...scheduling.kv_hints import KvHintEmitter
+from ...scheduling.lora import LoraAffinityScorer
 from ...scheduling.prefix_index import ApproximatePrefixIndex
 from ...scheduling.scheduler import Scheduler, from_config
 from ...scheduling.types import SchedulingRequest, Worker
 
 POLICIES = ("round_robin", "least_loaded", "kv_aware", "kv_aware_admission",
             "kv_aware_admission_hints")
+"""The default comparison (agent sessions, one model, no roles)."""
+PD_POLICIES = ("pd_never", "pd_always", "pd_session_aware")
+LORA_POLICIES = ("kv_aware", "lora_affinity")
+KNOWN = (*POLICIES, "lora_affinity", *PD_POLICIES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +46,8 @@ class Pick:
     address: str
     matched_tokens: int = 0
     """What the prefix index matched of the prompt on ``address`` before this request."""
+    prefill: str | None = None
+    """The prefill worker the decode worker's sidecar calls first (None: local prefill)."""
 
 
 class RoundRobin:
@@ -56,13 +70,15 @@ class SchedulerPolicy:
 
     def __init__(self, name: str, scheduler: Scheduler, index: ApproximatePrefixIndex,
                  admission: AdmissionController | None = None, tick_s: float = 0.0,
-                 hints: KvHintEmitter | None = None) -> None:
+                 hints: KvHintEmitter | None = None,
+                 disaggregator: Disaggregator | None = None) -> None:
         self.name = name
         self.scheduler = scheduler
         self.index = index
         self.admission = admission
         self.tick_s = tick_s
         self.hints = hints
+        self.disaggregator = disaggregator
 
     def route(self, request: SchedulingRequest, workers: Sequence[Worker]) -> Pick:
         for worker in workers:
@@ -72,7 +88,11 @@ class SchedulerPolicy:
             raise RuntimeError(f"{self.name}: no worker picked")
         address = result.ordered[0]
         tokens = self.index.chars_per_block // CHARS_PER_TOKEN
-        return Pick(address, int(result.matched_blocks.get(address, 0) * tokens))
+        split = None
+        if self.disaggregator is not None:
+            split = self.disaggregator.decide(request, address, result.matched_blocks, workers)
+        return Pick(address, int(result.matched_blocks.get(address, 0) * tokens),
+                    None if split is None else split.prefill)
 
 
 def build_policy(name: str, *, scheduling: Scheduling, block_size: int, seed: int,
@@ -81,15 +101,27 @@ def build_policy(name: str, *, scheduling: Scheduling, block_size: int, seed: in
     blocks are set to the simulator's block of ``block_size`` tokens)."""
     if name == "round_robin":
         return RoundRobin()
-    if name not in POLICIES:
-        raise ValueError(f"unknown policy {name!r}; one of {', '.join(POLICIES)}")
+    if name not in KNOWN:
+        raise ValueError(f"unknown policy {name!r}; one of {', '.join(KNOWN)}")
     prefix = replace(scheduling.prefix, chars_per_block=block_size * CHARS_PER_TOKEN)
     scheduling = replace(scheduling, prefix=prefix)
     if name == "least_loaded":
         load = {k: w for k, w in scheduling.scorers.items() if k in ("queue", "kv_utilization")}
         scheduling = replace(scheduling, scorers=load or {"queue": 1.0})
+    elif name != "lora_affinity":
+        scorers = {k: w for k, w in scheduling.scorers.items() if k != LoraAffinityScorer.name}
+        scheduling = replace(scheduling, scorers=scorers)
     index = ApproximatePrefixIndex.from_config(scheduling.prefix)
     rng = random.Random(seed)
+    if name in PD_POLICIES:
+        mode = name.removeprefix("pd_")
+        scheduling = replace(scheduling, disaggregation=replace(
+            scheduling.disaggregation, mode=mode))  # type: ignore[arg-type]
+        scheduler = from_config(scheduling, index=index, rng=rng, clock=clock)
+        disaggregator = Disaggregator.from_config(
+            scheduling, index=index, rng=random.Random(seed + 1),
+            tokens_per_block=block_size, clock=clock)
+        return SchedulerPolicy(name, scheduler, index, disaggregator=disaggregator)
     if not name.startswith("kv_aware_admission"):
         scheduler = from_config(scheduling, index=index, rng=rng, clock=clock)
         return SchedulerPolicy(name, scheduler, index)

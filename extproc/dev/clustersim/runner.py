@@ -3,6 +3,13 @@
 Each run is independent and seeded: the same sessions in the same order for every policy, on
 the same engine (device pool, host-memory tier, offload on eviction unless ``--no-offload``), so
 differences come from routing, admission and KV hints alone.
+
+``--scenario`` picks the comparison: ``agents`` (the default: the policies above on one model),
+``pd`` (a disaggregated pool: prefill workers beside the decode workers, agent sessions with
+long first prefills; never, always or session-aware splitting) or ``lora`` (a fleet of LoRA
+adapters on one base model; KV-aware with and without LoRA affinity). A scenario's JSON gives
+each policy's figures at its headline (most oversubscribed) load, and every load under
+``loads``.
 """
 
 from __future__ import annotations
@@ -14,8 +21,8 @@ from dataclasses import dataclass, field, replace
 
 from ...config import Scheduling, load_config
 from .engine import CostModel, WorkerSpec
-from .metrics import RunMetrics
-from .policies import POLICIES, build_policy
+from .metrics import RunMetrics, percentile
+from .policies import LORA_POLICIES, PD_POLICIES, POLICIES, build_policy
 from .simulation import ClusterSpec, Simulation, VirtualClock
 from .tiers import CPU, DISK, GPU
 from .trace import MOONCAKE_BLOCK_SIZE, read_trace, scripts_from_trace
@@ -38,11 +45,50 @@ class Experiment:
     scheduling: Scheduling = field(default_factory=Scheduling)
     seed: int = 0
 
+    headline_concurrency: int | None = None
+    """The load a scenario's JSON reports at its top level (default: the largest)."""
+
+    @property
+    def headline(self) -> str:
+        return str(self.headline_concurrency or max(self.concurrencies))
+
     def simulation(self, policy: str) -> Simulation:
         clock = VirtualClock()
         built = build_policy(policy, scheduling=self.scheduling,
                              block_size=self.cluster.block_size, seed=self.seed, clock=clock)
         return Simulation(self.cluster, built, clock)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A comparison's deployment, traffic and policies (the CLI's flags still apply)."""
+
+    experiment: Experiment
+    describe: str
+
+
+SCENARIOS: dict[str, Scenario] = {
+    "agents": Scenario(Experiment(), "agent sessions on one model"),
+    "pd": Scenario(
+        Experiment(
+            cluster=ClusterSpec(workers=4, prefill_workers=2, pin_tool_loops=True,
+                                worker=WorkerSpec(capacity_tokens=1_024_000)),
+            workload=AgenticWorkload(context_tokens=(32000, 96000), turns=(4, 16)),
+            concurrencies=(32, 48, 64, 96, 128),
+            headline_concurrency=96,
+            policies=PD_POLICIES,
+        ),
+        "prefill/decode: 2 prefill + 4 decode workers (1M device KV tokens each); agent "
+        "sessions of 4-16 turns whose first prefill is 38-102k tokens"),
+    "lora": Scenario(
+        Experiment(
+            cluster=ClusterSpec(worker=WorkerSpec(max_lora=4), pin_tool_loops=True),
+            workload=AgenticWorkload(adapters=16),
+            concurrencies=(32, 64, 96),
+            policies=LORA_POLICIES,
+        ),
+        "LoRA: 16 adapters (Zipf popularity) of one base model, 4 GPU slots per worker"),
+}
 
 
 def run_matrix(experiment: Experiment) -> Results:
@@ -69,16 +115,28 @@ def to_json(results: Results) -> dict[str, object]:
                          for policy, runs in results.items()}}
 
 
+def scenario_json(name: str, experiment: Experiment, results: Results) -> dict[str, object]:
+    """``policies.<name>``: the figures at the headline load, and ``loads.<concurrency>``."""
+    headline = experiment.headline
+    return {"scenario": name, "headline_concurrency": int(headline), "policies": {
+        policy: {**runs[headline].summary(),
+                 "loads": {key: m.summary() for key, m in runs.items()}}
+        for policy, runs in results.items()}}
+
+
 def render_table(results: Results) -> str:
     """One row per (concurrency, policy): the prefix hit rate and its device / host-memory (and
     disk) parts, throughput (prompt + output tokens of completed turns per second) with its
-    change against ``kv_aware`` at the same concurrency, TTFT, and admission's activity."""
+    change against ``kv_aware`` at the same concurrency, TTFT, admission's activity, the median
+    inter-token latency, the share of turns split (of all, of tool-loop turns) and the LoRA
+    adapter loads."""
     disk = any(m.lower_tokens[DISK] for runs in results.values() for m in runs.values())
     width = max(len(p) for p in results)
     header = (f"{'conc':>6} {'policy':<{width}} {'hit':>6} {'gpu':>6} {'cpu':>6}"
               + (f" {'disk':>6}" if disk else "")
               + f" {'tok/s':>8} {'vs kv':>7} {'out/s':>6} {'ttft50':>6} {'ttft99':>7}"
-              f" {'reprefill':>10} {'turns':>5} {'held':>5} {'paused':>6}")
+              f" {'reprefill':>10} {'turns':>5} {'held':>5} {'paused':>6}"
+              f" {'itl50':>6} {'split':>6} {'tl-split':>8} {'loads':>6}")
     lines = [header, "-" * len(header)]
     for key in next(iter(results.values())):
         base = results.get(BASELINE, {}).get(key)
@@ -93,23 +151,33 @@ def render_table(results: Results) -> str:
                 f" {tiers[CPU]:>6.1%}" + (f" {tiers[DISK]:>6.1%}" if disk else "")
                 + f" {m.throughput:>8.0f} {delta:>7} {m.output_rate:>6.0f}"
                 f" {m.ttft(0.5):>6.2f} {m.ttft(0.99):>7.1f} {m.reprefill_tokens:>10}"
-                f" {m.turns:>5} {m.held_turns:>5} {m.max_paused:>6}")
+                f" {m.turns:>5} {m.held_turns:>5} {m.max_paused:>6}"
+                f" {percentile(m.itls, 0.5):>6.3f} {m.split / max(m.routed, 1):>6.1%}"
+                f" {m.tool_loop_split / max(m.tool_loop_routed, 1):>8.1%}"
+                f" {m.adapter_loads:>6}")
     return "\n".join(lines)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="last stdout line is JSON")
+    parser.add_argument("--scenario", choices=sorted(SCENARIOS), default="agents",
+                        help="the comparison: agents (default), pd or lora")
     parser.add_argument("--trace", help="replay a Mooncake JSONL trace instead of the workload")
     parser.add_argument("--trace-block-size", type=int, default=MOONCAKE_BLOCK_SIZE,
                         help="tokens per hash id in --trace")
     parser.add_argument("--config", help="take the scheduling section from this config file")
     parser.add_argument("--concurrency", default=None,
                         help="comma-separated concurrent sessions (default 16,32,64,96,128,192)")
-    parser.add_argument("--policies", default=",".join(POLICIES),
-                        help=f"comma-separated, of {', '.join(POLICIES)}")
-    parser.add_argument("--workers", type=int, default=4, help="model servers (default 4)")
-    parser.add_argument("--capacity-tokens", type=int, default=WorkerSpec().capacity_tokens,
-                        help="device KV pool of each worker in tokens")
+    parser.add_argument("--policies", default=None,
+                        help=f"comma-separated (default: the scenario's; agents: "
+                             f"{','.join(POLICIES)})")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="decode workers (default: the scenario's, 4)")
+    parser.add_argument("--prefill-workers", type=int, default=None,
+                        help="prefill workers beside them (default: the scenario's)")
+    parser.add_argument("--capacity-tokens", type=int, default=None,
+                        help=f"device KV pool of each worker in tokens (default: the "
+                             f"scenario's, {WorkerSpec().capacity_tokens})")
     parser.add_argument("--cpu-tokens", type=int, default=WorkerSpec().cpu_tokens,
                         help="host-memory KV tier of each worker in tokens (0: none)")
     parser.add_argument("--disk-tokens", type=int, default=WorkerSpec().disk_tokens,
@@ -131,38 +199,45 @@ def run(args: argparse.Namespace) -> int:
     print(render_table(results))
     print(f"cpu {time.process_time() - started:.1f}s")
     if args.json:
-        print(json.dumps(to_json(results), separators=(",", ":")))
+        found = (to_json(results) if args.scenario == "agents" or args.trace
+                 else scenario_json(args.scenario, experiment, results))
+        print(json.dumps(found, separators=(",", ":")))
     return 0
 
 
 def _describe(experiment: Experiment, trace: str | None) -> str:
     cluster, worker = experiment.cluster, experiment.cluster.worker
+    roles = f" + {cluster.prefill_workers} prefill" if cluster.prefill_workers else ""
     tiers = f"{worker.capacity_tokens} device + {worker.cpu_tokens} CPU"
     if worker.disk_tokens:
         tiers += f" + {worker.disk_tokens} disk"
     played = (f"trace {trace}" if trace else f"horizon {experiment.horizon_s:.0f}s"
               f" (first {experiment.warmup_s:.0f}s left out)")
-    return (f"{cluster.workers} workers x {tiers} KV tokens (offload on eviction "
+    return (f"{cluster.workers}{roles} workers x {tiers} KV tokens (offload on eviction "
             f"{'on' if worker.offload else 'off'}, {cluster.cost.cpu_tokens_per_s:.0f} tok/s "
             f"to device), block {cluster.block_size}; {played}")
 
 
 def _experiment(args: argparse.Namespace) -> Experiment:
-    experiment = Experiment(
-        policies=tuple(p for p in args.policies.split(",") if p),
-        horizon_s=args.horizon, warmup_s=args.warmup, seed=args.seed,
-        workload=AgenticWorkload(seed=args.seed),
-    )
+    base = SCENARIOS[args.scenario].experiment
+    experiment = replace(base, horizon_s=args.horizon, warmup_s=args.warmup, seed=args.seed,
+                         workload=replace(base.workload, seed=args.seed))
+    if args.policies:
+        experiment = replace(experiment, policies=tuple(p for p in args.policies.split(",") if p))
     if args.concurrency:
         experiment = replace(experiment,
                              concurrencies=tuple(int(c) for c in args.concurrency.split(",")))
     if args.config:
         experiment = replace(experiment, scheduling=load_config(args.config).scheduling)
-    worker = replace(experiment.cluster.worker, capacity_tokens=args.capacity_tokens,
-                     cpu_tokens=args.cpu_tokens, disk_tokens=args.disk_tokens,
-                     offload=not args.no_offload)
+    worker = replace(experiment.cluster.worker, cpu_tokens=args.cpu_tokens,
+                     disk_tokens=args.disk_tokens, offload=not args.no_offload)
+    if args.capacity_tokens is not None:
+        worker = replace(worker, capacity_tokens=args.capacity_tokens)
     cost = replace(experiment.cluster.cost, cpu_tokens_per_s=args.cpu_tokens_per_s)
     block = args.trace_block_size if args.trace else experiment.cluster.block_size
-    cluster = replace(experiment.cluster, workers=args.workers, worker=worker, cost=cost,
-                      block_size=block)
+    cluster = replace(experiment.cluster, worker=worker, cost=cost, block_size=block)
+    if args.workers is not None:
+        cluster = replace(cluster, workers=args.workers)
+    if args.prefill_workers is not None:
+        cluster = replace(cluster, prefill_workers=args.prefill_workers)
     return replace(experiment, cluster=cluster)

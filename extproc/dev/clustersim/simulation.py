@@ -5,6 +5,11 @@ admission, a turn of a paused session waits in the held queue until a tick resum
 already sent is never pre-empted). Routing sees each worker's live load, as a 50 ms scrape would.
 A policy with a hint emitter has its KV hints delivered to the workers as they are made: a
 tick's before the turns it resumes are sent, so a prefetch is under way when they arrive.
+
+With prefill workers (``ClusterSpec.prefill_workers``) a pick that names one is played as the
+decode worker's sidecar plays it: the prompt goes to the prefill worker first (a prefill-only
+request), then to the decode worker, which pulls the KV it lacks and decodes; the turn's TTFT
+runs from its arrival to the decode worker's first token.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from .metrics import RunMetrics
 from .policies import Pick
 from .workload import AgenticWorkload, Script
 
-_ARRIVE, _STEP, _TICK = 0, 1, 2
+_ARRIVE, _STEP, _TICK, _WARM = 0, 1, 2, 3
 
 
 class Admission(Protocol):
@@ -60,13 +65,18 @@ class ClusterSpec:
     cost: CostModel = field(default_factory=CostModel)
     block_size: int = 64
     model: str = "agent-model"
+    prefill_workers: int = 0
+    """Workers of role ``prefill`` beside the ``workers`` (then of role ``decode``)."""
+    pin_tool_loops: bool = False
+    """A turn carrying tool results is pinned to the worker that issued the calls, as the live
+    router's hard lock pins it (off: only the session-affinity scorer keeps it there)."""
 
 
 class _Run:
     """A live session: where it is in its script and what it has computed so far."""
 
-    __slots__ = ("computed", "index", "parent", "pending", "ready_s", "script", "slot", "spawned",
-                 "worker")
+    __slots__ = ("computed", "index", "parent", "pending", "prompted", "ready_s", "script",
+                 "slot", "spawned", "worker")
 
     def __init__(self, script: Script, computed: int = 0, parent: _Run | None = None,
                  slot: int | None = None) -> None:
@@ -80,6 +90,8 @@ class _Run:
         self.ready_s = 0.0
         self.worker: str | None = None
         """Where its last turn went: the session record's binding the live router passes."""
+        self.prompted = 0
+        """Its previous turn's prompt tokens (what leads this one: ``reused``)."""
 
 
 class VirtualClock:
@@ -101,11 +113,21 @@ class Simulation:
         self.workers = [EngineWorker(f"10.0.0.{i + 1}:8000", cluster.worker, cluster.cost,
                                      cluster.block_size, self._kv_event)
                         for i in range(cluster.workers)]
+        self.workers += [EngineWorker(f"10.0.1.{i + 1}:8000", cluster.worker, cluster.cost,
+                                      cluster.block_size, self._kv_event)
+                         for i in range(cluster.prefill_workers)]
         self._by_address = {w.address: w for w in self.workers}
+        decode_role = "decode" if cluster.prefill_workers else "both"
         self._views = [Worker(address=w.address, model=cluster.model,
                               block_size=cluster.block_size, num_blocks=w.total_blocks,
-                              cpu_blocks=cluster.worker.cpu_tokens // cluster.block_size or None)
-                       for w in self.workers]
+                              cpu_blocks=cluster.worker.cpu_tokens // cluster.block_size or None,
+                              role=decode_role if i < cluster.workers else "prefill",
+                              max_lora=cluster.worker.max_lora or None)
+                       for i, w in enumerate(self.workers)]
+        self._handoffs: dict[SimRequest, SimRequest] = {}
+        """A prefill worker's request → the decode request its sidecar sends next."""
+        self._loads_before = 0
+        """Adapter loads before the warmup's end (left out of the metrics)."""
         self._events: list[tuple[float, int, int, object]] = []
         self._seq = 0
         self._held: list[_Run] = []
@@ -139,6 +161,7 @@ class Simulation:
     def _loop(self, horizon_s: float | None) -> RunMetrics:
         if self.policy.admission is not None:
             self._push(self.policy.tick_s, _TICK, None)
+        self._push(self._warmup, _WARM, None)
         end = float("inf") if horizon_s is None else horizon_s
         while self._events and self._events[0][0] <= end:
             self.clock.now, _, kind, obj = heapq.heappop(self._events)
@@ -146,11 +169,15 @@ class Simulation:
                 self._arrive(obj)  # type: ignore[arg-type]
             elif kind == _STEP:
                 self._on_step(obj)  # type: ignore[arg-type]
+            elif kind == _WARM:
+                self._loads_before = sum(w.adapter_loads for w in self.workers)
             elif self._events or self._live:
                 self._tick()
         if horizon_s is not None:
             self.clock.now = horizon_s
         self.metrics.duration_s = self.now - self._warmup
+        self.metrics.adapter_loads = (sum(w.adapter_loads for w in self.workers)
+                                      - self._loads_before)
         self._censor()
         return self.metrics
 
@@ -185,9 +212,13 @@ class Simulation:
             assert run.script.stream is not None
             done = run.script.stream.hashes(step.prompt_tokens + step.output_tokens)
             blocks = done[: step.prompt_tokens // size]
-        key = run.script.key
-        request = SchedulingRequest(self.cluster.model, key, tuple(blocks), step.prompt_tokens,
-                                    bound_worker=run.worker, parent_session=run.script.parent)
+        key, adapter = run.script.key, run.script.adapter
+        request = SchedulingRequest(adapter or self.cluster.model, key, tuple(blocks),
+                                    step.prompt_tokens, bound_worker=run.worker,
+                                    pinned=run.worker if self.cluster.pin_tool_loops else None,
+                                    reused=min(run.prompted // size, len(blocks)),
+                                    parent_session=run.script.parent, adapter=adapter)
+        run.prompted = step.prompt_tokens
         pick = self.policy.route(request, self._refresh_views())
         address = run.worker = pick.address
         admission = self.policy.admission
@@ -196,14 +227,24 @@ class Simulation:
             priority = admission.priority(key)
             admission.turn_started(key, address, step.prompt_tokens)
         sim_request = SimRequest(key, step.prompt_tokens, step.output_tokens, blocks, done,
-                                 run.ready_s, priority)
+                                 run.ready_s, priority, adapter, remote=pick.prefill is not None)
         self._in_flight[sim_request] = (run, address)
-        worker = self._by_address[address]
-        worker.submit(sim_request, self.now)
+        if self.now >= self._warmup:
+            self.metrics.dispatched(tool_loop=run.index > 0, split=pick.prefill is not None)
+        if pick.prefill is not None:
+            prefill = SimRequest(key, step.prompt_tokens, 1, blocks, blocks, run.ready_s,
+                                 priority, adapter, prefill_only=True)
+            self._handoffs[prefill] = sim_request
+            self._submit(self._by_address[pick.prefill], prefill)
+        else:
+            self._submit(self._by_address[address], sim_request)
         if self.policy.hints is not None:
             self._deliver(self.policy.hints.routed(
                 key, address, matched_tokens=pick.matched_tokens,
                 prompt_tokens=step.prompt_tokens, parent=run.script.parent))
+
+    def _submit(self, worker: EngineWorker, request: SimRequest) -> None:
+        worker.submit(request, self.now)
         if not worker.busy:
             self._start_step(worker)
 
@@ -224,6 +265,7 @@ class Simulation:
             view.waiting = worker.waiting
             view.in_flight = view.running + view.waiting
             view.kv_usage = worker.kv_usage
+            view.adapters_running, view.adapters_waiting = worker.adapter_names()
             view.scraped_at = self.now
         return self._views
 
@@ -235,10 +277,14 @@ class Simulation:
     def _on_step(self, worker: EngineWorker) -> None:
         first, done = worker.finish_step(self.now)
         for request in first:
-            if request.ready_s >= self._warmup:
+            if request.ready_s >= self._warmup and not request.prefill_only:
                 self.metrics.ttfts.append(self.now - request.ready_s)
         for request in done:
-            self._turn_done(request)
+            if request.prefill_only:  # the sidecar's second call: to the decode worker
+                decode = self._handoffs.pop(request)
+                self._submit(self._by_address[self._in_flight[decode][1]], decode)
+            else:
+                self._turn_done(request)
         self._start_step(worker)
 
     def _turn_done(self, request: SimRequest) -> None:
@@ -248,6 +294,8 @@ class Simulation:
             reprefill = max(0, min(prompt, run.computed) - request.cached_tokens)
             self.metrics.turn_done(prompt, request.cached_tokens, request.lower_tokens, output,
                                    reprefill)
+            if request.first_token_s is not None and output > 1:
+                self.metrics.itls.append((self.now - request.first_token_s) / (output - 1))
         run.computed = prompt + output
         admission, hints, key = self.policy.admission, self.policy.hints, run.script.key
         if admission is not None:

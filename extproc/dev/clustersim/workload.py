@@ -5,6 +5,10 @@ by every session, then its own task and repository context), then runs 10-40 tur
 resends the whole context plus the previous answer and the tool output, and tools run for
 seconds to minutes in between. Some sessions hand a sub-task to sub-agents that start from the
 parent's context (sharing its prefix) while the parent waits for them, as a Task tool does.
+
+With ``adapters``, each session runs with one LoRA adapter of the base model, drawn with a
+Zipf skew (a few hot adapters, a long tail), and its system prompt's KV is the adapter's own:
+sessions share a prefix only with sessions of the same adapter.
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ class Script:
     start_s: float = 0.0
     parent: str | None = None
     stream: Stream | None = None
+    adapter: str | None = None
+    """The LoRA adapter the session runs with (None: the base model)."""
 
     def turns(self) -> int:
         return len(self.steps) + sum(c.turns() for s in self.steps for c in s.children)
@@ -65,18 +71,34 @@ class AgenticWorkload:
     subagents: tuple[int, int] = (1, 3)
     subagent_turns: tuple[int, int] = (5, 15)
     subagent_task_tokens: tuple[int, int] = (500, 2000)
+    adapters: int = 0
+    """LoRA adapters the sessions use (0: every session runs on the base model)."""
+    adapter_skew: float = 1.0
+    """Zipf exponent of the adapters' popularity."""
     seed: int = 0
     _system: Stream = field(init=False, repr=False, compare=False)
+    _adapter_systems: tuple[Stream, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_system", Stream(SYSTEM_OWNER, self.block_size))
+        object.__setattr__(self, "_adapter_systems", tuple(
+            Stream(-1 - a, self.block_size) for a in range(self.adapters)))
+
+    @staticmethod
+    def adapter_name(index: int) -> str:
+        return f"adapter-{index}"
 
     def session(self, index: int, start_s: float = 0.0) -> Script:
         """Session ``index`` of the endless sequence; the same for every policy and run."""
         rng = random.Random(self.seed * 1_000_003 + index)
         owner = 1 + index * 16
         system_blocks = self.system_tokens // self.block_size
-        stream = Stream(owner, self.block_size, self._system, system_blocks)
+        system, adapter = self._system, None
+        if self.adapters:
+            weights = [1 / (a + 1) ** self.adapter_skew for a in range(self.adapters)]
+            chosen = rng.choices(range(self.adapters), weights)[0]
+            system, adapter = self._adapter_systems[chosen], self.adapter_name(chosen)
+        stream = Stream(owner, self.block_size, system, system_blocks)
         initial = system_blocks * self.block_size + rng.randint(*self.context_tokens)
         spawn_at = -1
         n_turns = rng.randint(*self.turns)
@@ -88,17 +110,17 @@ class AgenticWorkload:
             children: tuple[Script, ...] = ()
             if turn == spawn_at:
                 children = tuple(
-                    self._child(rng, f"s{index}/sub{n}", owner + 1 + n, stream, context)
+                    self._child(rng, f"s{index}/sub{n}", owner + 1 + n, stream, context, adapter)
                     for n in range(rng.randint(*self.subagents))
                 )
             delay = self._tool_wait(rng) if turn else 0.0
             output = self._output(rng)
             steps.append(Step(context, output, delay, children=children))
             context += output + self._tool_tokens(rng)
-        return Script(f"s{index}", tuple(steps), start_s, stream=stream)
+        return Script(f"s{index}", tuple(steps), start_s, stream=stream, adapter=adapter)
 
     def _child(self, rng: random.Random, key: str, owner: int, parent: Stream,
-               parent_context: int) -> Script:
+               parent_context: int, adapter: str | None) -> Script:
         inherit = parent_context // self.block_size
         stream = Stream(owner, self.block_size, parent, inherit)
         context = inherit * self.block_size + rng.randint(*self.subagent_task_tokens)
@@ -107,7 +129,8 @@ class AgenticWorkload:
             output = self._output(rng)
             steps.append(Step(context, output, self._tool_wait(rng) if turn else 0.0))
             context += output + self._tool_tokens(rng)
-        return Script(key, tuple(steps), parent=key.split("/")[0], stream=stream)
+        return Script(key, tuple(steps), parent=key.split("/")[0], stream=stream,
+                      adapter=adapter)
 
     def _output(self, rng: random.Random) -> int:
         return _lognormal_int(rng, self.output_median, self.output_sigma, 16, 4096)

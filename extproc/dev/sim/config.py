@@ -46,6 +46,17 @@ class SimConfig:
     record_dir: str | None = None
     """Write every API request (path, headers without secrets, body) here as NNNNN.json: how
     the agent CLIs' fixtures under tests/apis/recorded were captured."""
+    role: str = "both"
+    """``prefill``, ``decode`` or ``both``. A decode (or both) worker plays llm-d's routing
+    sidecar: a request carrying ``x-prefiller-host-port`` is prefilled there first, and its KV
+    comes over at ``kv_transfer_tokens_per_s``."""
+    kv_transfer_tokens_per_s: float = 1_000_000.0
+    lora_modules: tuple[str, ...] = ()
+    """LoRA adapters of the model it serves (vLLM ``--lora-modules NAME=path``)."""
+    max_loras: int = 4
+    """Adapters in GPU slots at once (vLLM ``--max-loras``); loading one costs
+    ``lora_load_seconds``, evicting the least recently used idle one."""
+    lora_load_seconds: float = 0.05
 
     def __post_init__(self) -> None:
         if not self.instance_id:
@@ -60,19 +71,24 @@ class SimConfig:
         rates = (self.prefill_tokens_per_s, self.decode_tokens_per_s, self.cpu_tokens_per_s)
         if min(rates) <= 0 or self.time_scale < 0:
             raise ValueError("token rates must be positive and time_scale non-negative")
+        if self.role not in ("prefill", "decode", "both"):
+            raise ValueError(f"role must be prefill, decode or both: {self.role!r}")
+        if self.max_loras < 1 or self.kv_transfer_tokens_per_s <= 0 or self.lora_load_seconds < 0:
+            raise ValueError("max_loras, kv_transfer_tokens_per_s must be positive")
         if self.kv_events_endpoint and not self.tokenizer:
             raise ValueError("kv_events_endpoint needs a tokenizer: events carry token ids")
 
     @property
     def served_names(self) -> tuple[str, ...]:
-        return (self.model, *self.served_aliases)
+        return (self.model, *self.served_aliases, *self.lora_modules)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> SimConfig:
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in vars(args).items() if k in known and v is not None}
-        if "served_aliases" in values:
-            values["served_aliases"] = tuple(values["served_aliases"])
+        for name in ("served_aliases", "lora_modules"):
+            if name in values:
+                values[name] = tuple(values[name])
         return cls(**values)
 
 
@@ -122,3 +138,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="host-to-device KV copy rate")
     parser.add_argument("--record-dir", metavar="DIR",
                         help="write every API request (headers without secrets, body) here")
+    parser.add_argument("--role", default=d.role, choices=("prefill", "decode", "both"),
+                        help="its phase in a disaggregated pool (a decode worker honours "
+                             "x-prefiller-host-port as llm-d's sidecar does)")
+    parser.add_argument("--kv-transfer-tokens-per-s", type=float,
+                        default=d.kv_transfer_tokens_per_s,
+                        help="KV transfer rate from a prefill worker (tokens per second)")
+    parser.add_argument("--lora-module", dest="lora_modules", action="append", metavar="NAME",
+                        help="a LoRA adapter it serves (repeatable)")
+    parser.add_argument("--max-loras", type=int, default=d.max_loras,
+                        help="adapters held in GPU slots at once (vLLM --max-loras)")
+    parser.add_argument("--lora-load-seconds", type=float, default=d.lora_load_seconds,
+                        help="what loading an adapter into a slot costs")

@@ -95,6 +95,23 @@ class SimMetrics:
         self.injected_errors = Counter(
             "saar_sim_injected_errors", "Requests failed on purpose by fault injection.", registry=r
         )
+        self.role = Gauge("saar_sim_role_info", "This worker's phase (prefill, decode, both).",
+                          ("role",), registry=r)
+        self.remote_prefills = Counter(
+            "saar_sim_remote_prefills", "Requests this decode worker had a prefill worker "
+            "prefill first (llm-d's sidecar), by outcome (ok, failed: prefilled here)",
+            ("outcome",), registry=r)
+        self.prefill_only = Counter(
+            "saar_sim_prefill_only_requests", "Prefill-only calls served for decode workers",
+            registry=r)
+        self.transferred_tokens = Counter(
+            "saar_sim_kv_transferred_tokens", "Prompt tokens whose KV came from a prefill worker",
+            registry=r)
+        self.lora_info = Gauge(
+            "vllm:lora_requests_info", "Running stats on lora requests.",
+            ("running_lora_adapters", "waiting_lora_adapters", "max_lora"), registry=r)
+        self.adapter_loads = Counter(
+            "saar_sim_lora_adapter_loads", "LoRA adapters loaded into a GPU slot", registry=r)
         self._model = model
 
     def finished(self, reason: str) -> None:

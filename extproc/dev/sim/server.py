@@ -45,7 +45,7 @@ def build_app(cfg: SimConfig) -> web.Application:
 
 
 async def _close(app: web.Application) -> None:
-    app[SIMULATOR].close()
+    await app[SIMULATOR].close()
 
 
 def run(args: argparse.Namespace) -> None:
@@ -60,6 +60,7 @@ async def _tag_response(request: web.Request, response: web.StreamResponse) -> N
     cfg = request.app[SIMULATOR].cfg
     response.headers["x-sim-instance"] = cfg.instance_id
     response.headers["x-sim-model"] = cfg.model
+    response.headers["x-sim-role"] = cfg.role
 
 
 async def _models(request: web.Request) -> web.Response:

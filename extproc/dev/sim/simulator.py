@@ -10,12 +10,24 @@ of the session (its requests' session id, read as the router reads it; ``Session
 demote moves the session's own blocks to host memory (not while a request of it runs here), a
 prefetch brings them back, a release frees its blocks past the prefix to keep, a share pins a
 prefix. Any hint it cannot apply is ignored, as an engine may.
+
+Disaggregated (``role``), a decode worker plays llm-d's routing sidecar: a request naming a
+prefill worker in ``x-prefiller-host-port`` is sent there first as a prefill-only call (marked
+``x-sim-remote-decode``; the prefill worker prefills, caches, answers at once and judges no
+continuity: it issues nothing), then the decode worker pays the KV transfer for what it lacks
+and answers; ``x-sim-prefilled-by`` names the prefill worker. LoRA adapters
+(``lora_modules``) are served names of their own whose prefix cache is their own (their blocks
+hash with the adapter's name, as vLLM's do with its id); a request for an adapter not in a GPU
+slot loads it (``max_loras`` slots, the least recently used idle one evicted), and the
+``vllm:lora_requests_info`` gauge names the adapters running and waiting.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
+from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -25,6 +37,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from ...adapter.contract import PREFILL_HEADER
 from ...apis import parse_request, render_entries, render_prompt
 from ...core.identity import IdentityReader
 from ...errors import RoutingError
@@ -41,6 +54,10 @@ from .prefix_cache import PrefixCache, block_hashes, tokenize
 from .reply import Reply, build_reply
 
 _SECRET_HEADERS = frozenset({"authorization", "x-api-key", "proxy-authorization"})
+REMOTE_DECODE_HEADER = "x-sim-remote-decode"
+"""Marks the sidecar's prefill-only call to a prefill worker."""
+PREFILLED_BY_HEADER = "x-sim-prefilled-by"
+"""On a decode worker's answer: the prefill worker's instance that prefilled it."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +112,14 @@ class Simulator:
         self.waiting = 0
         self._kv_blocks = 0
         self._slots = asyncio.Semaphore(cfg.max_num_seqs)
+        self._client: Any = None
+        self._adapters: OrderedDict[str, None] = OrderedDict()
+        """Adapters in GPU slots, least recently used first."""
+        self._adapter_use: Counter[str] = Counter()
+        self._adapter_waiting: Counter[str] = Counter()
+        self.adapter_loads = 0
+        self.metrics.role.labels(cfg.role).set(1)
+        self._lora_gauge()
 
     async def handle_api(self, request: web.Request) -> web.StreamResponse:
         api = API_PATHS[request.path]
@@ -116,6 +141,8 @@ class Simulator:
         if summary.model not in self.cfg.served_names:
             message = f"The model `{summary.model}` does not exist."
             return openai_error(404, message, kind="NotFoundError", code=404)
+        if request.headers.get(REMOTE_DECODE_HEADER):
+            return await self._prefill_only(summary)
         verdict = self.oracle.judge(summary)
         for kind in verdict.violations:
             self.metrics.violations.labels(kind).inc()
@@ -133,7 +160,7 @@ class Simulator:
         prompt = Prompt(
             self.oracle.transcript(summary.previous_response_id),
             render_prompt(summary),
-            self.encode,
+            self._encoder(summary.model),
         )
         if len(prompt.tokens) > self.cfg.max_model_len:
             message = (
@@ -143,11 +170,20 @@ class Simulator:
             return openai_error(400, message, kind="BadRequestError", code=400, headers=headers)
         session = self.identity.read(
             {k.lower(): v for k, v in request.headers.items()}, summary).session_id
-        async with self._slot(len(prompt.tokens) + self.cfg.output_tokens):
+        prefiller = request.headers.get(PREFILL_HEADER)
+        remote = None
+        if prefiller and self.cfg.role != "prefill":
+            remote = await self._remote_prefill(prefiller, request)
+            if remote is not None:
+                headers[PREFILLED_BY_HEADER] = remote
+        adapter = summary.model if summary.model in self.cfg.lora_modules else None
+        async with self._slot(len(prompt.tokens) + self.cfg.output_tokens), \
+                self._adapter(adapter):
             if session is not None:
                 self._running[session] = self._running.get(session, 0) + 1
             try:
-                return await self._answer(request, api, summary, prompt, headers, session)
+                return await self._answer(request, api, summary, prompt, headers, session,
+                                          remote is not None)
             finally:
                 if session is not None:
                     self._running[session] -= 1
@@ -160,6 +196,91 @@ class Simulator:
         doc = {"path": request.path_qs, "headers": self.last_request_headers,
                "body": body.decode(errors="replace")}
         (folder / f"{self.requests:05d}.json").write_bytes(orjson.dumps(doc))
+
+    def _encoder(self, model: str) -> Callable[[str], Sequence[str] | Sequence[int]]:
+        """The base model's tokens; an adapter's lead with its name, so its blocks (and its
+        prefix cache) are its own."""
+        if model not in self.cfg.lora_modules:
+            return self.encode
+        encode = self.encode
+        return lambda text: encode(f"<lora:{model}> {text}")
+
+    async def _prefill_only(self, summary: RequestSummary) -> web.Response:
+        """The sidecar's call on a prefill worker: prefill (what is not cached), cache, answer."""
+        tokens = self._encoder(summary.model)(render_prompt(summary))
+        adapter = summary.model if summary.model in self.cfg.lora_modules else None
+        async with self._slot(len(tokens) + 1), self._adapter(adapter):
+            cached = self.cache.lookup_and_insert(tokens)
+            self.metrics.prefill_only.inc()
+            self.metrics.prompt_tokens.inc(len(tokens))
+            await self._sleep((len(tokens) - cached) / self.cfg.prefill_tokens_per_s)
+        return _json_response({"prefilled_tokens": len(tokens) - cached, "cached_tokens": cached,
+                               "instance": self.cfg.instance_id})
+
+    async def _remote_prefill(self, prefiller: str, request: web.Request) -> str | None:
+        """The sidecar: the same request to ``prefiller`` first; its instance id, or None when
+        it failed (then this worker prefills itself, as llm-d's sidecar falls back)."""
+        import aiohttp
+
+        if self._client is None:
+            self._client = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
+        forwarded = {k: v for k, v in request.headers.items()
+                     if k.lower() not in ("host", "content-length", "transfer-encoding",
+                                          PREFILL_HEADER)}
+        forwarded[REMOTE_DECODE_HEADER] = "1"
+        try:
+            async with self._client.post(f"http://{prefiller}{request.path}",
+                                         data=await request.read(), headers=forwarded) as answer:
+                found = await answer.json() if answer.status == 200 else None
+        except (TimeoutError, aiohttp.ClientError, ValueError):
+            found = None
+        if not isinstance(found, dict) or not isinstance(found.get("instance"), str):
+            self.metrics.remote_prefills.labels("failed").inc()
+            return None
+        self.metrics.remote_prefills.labels("ok").inc()
+        return str(found["instance"])
+
+    @contextlib.asynccontextmanager
+    async def _adapter(self, adapter: str | None) -> AsyncIterator[None]:
+        """Hold ``adapter`` in a GPU slot while the request runs, loading it if it must."""
+        if adapter is None:
+            yield
+            return
+        self._adapter_waiting[adapter] += 1
+        self._lora_gauge()
+        try:
+            while adapter not in self._adapters and len(self._adapters) >= self.cfg.max_loras:
+                idle = next((a for a in self._adapters if not self._adapter_use[a]), None)
+                if idle is not None:
+                    del self._adapters[idle]
+                    break
+                await asyncio.sleep(0.001)  # every slot busy: wait for one
+            if adapter not in self._adapters:
+                self.adapter_loads += 1
+                self.metrics.adapter_loads.inc()
+                self._adapters[adapter] = None
+                self._adapter_use[adapter] += 1
+                await self._sleep(self.cfg.lora_load_seconds)
+            else:
+                self._adapter_use[adapter] += 1
+            self._adapters.move_to_end(adapter)
+        finally:
+            self._adapter_waiting[adapter] -= 1
+        self._lora_gauge()
+        try:
+            yield
+        finally:
+            self._adapter_use[adapter] -= 1
+            self._lora_gauge()
+
+    def _lora_gauge(self) -> None:
+        """vLLM's gauge: one series, valued with the time of the change."""
+        if not self.cfg.lora_modules:
+            return
+        running = ",".join(sorted(a for a, n in self._adapter_use.items() if n))
+        waiting = ",".join(sorted(a for a, n in self._adapter_waiting.items() if n))
+        self.metrics.lora_info.clear()
+        self.metrics.lora_info.labels(running, waiting, str(self.cfg.max_loras)).set(time.time())
 
     def hint(self, hint: KvHint) -> bool:
         """Apply one router hint if it can; False: ignored (an unknown session, nothing to
@@ -190,10 +311,17 @@ class Simulator:
         prompt: Prompt,
         headers: dict[str, str],
         session: str | None,
+        remote: bool = False,
     ) -> web.StreamResponse:
         fmt = FORMATS[api]
         tokens = prompt.tokens
         cached = self.cache.lookup_and_insert(tokens)
+        if remote:  # the prefill worker computed the rest: its KV comes over, not computed
+            moved = max(len(tokens) - cached - 1, 0)
+            self.metrics.transferred_tokens.inc(moved)
+            headers["x-sim-transferred-tokens"] = str(moved)
+            await self._sleep(moved / self.cfg.kv_transfer_tokens_per_s)
+            cached += moved
         loaded = self.cache.loaded * self.cfg.block_size
         self.metrics.prefix_queries.inc(len(tokens))
         self.metrics.prefix_hits.inc(cached - loaded)
@@ -244,7 +372,7 @@ class Simulator:
         """Remember the turn: output blocks join the cache (as vLLM's do), the session's
         context is what hints resolve against, and Responses ids become resumable."""
         reply_text = render_entries(api, FORMATS[api].history(reply))
-        context = self.encode(prompt.text + reply_text)
+        context = prompt.encode(prompt.text + reply_text)
         self.cache.lookup_and_insert(context)
         if session is not None:
             self.sessions.update(session, block_hashes(context, self.cfg.block_size))
@@ -308,10 +436,12 @@ class Simulator:
         self.fail_next = 0
         self.fail_every = self.cfg.fail_every
 
-    def close(self) -> None:
-        """Release the KV-event socket when the app shuts down."""
+    async def close(self) -> None:
+        """Release the KV-event socket and the sidecar's client when the app shuts down."""
         if self.kv_events is not None:
             self.kv_events.close()
+        if self._client is not None:
+            await self._client.close()
 
     def state(self) -> dict[str, Any]:
         return {
@@ -333,7 +463,13 @@ class Simulator:
                 "cpu_capacity": self.cache.num_cpu_blocks,
             },
             "faults": {"fail_next": self.fail_next, "fail_every": self.fail_every},
+            "role": self.cfg.role,
+            "adapters": {"loaded": list(self._adapters), "loads": self.adapter_loads},
         }
+
+
+def _json_response(doc: dict[str, Any]) -> web.Response:
+    return web.Response(body=orjson.dumps(doc), content_type="application/json")
 
 
 def _visible_headers(request: web.Request) -> dict[str, str]:

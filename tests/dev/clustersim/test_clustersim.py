@@ -8,7 +8,7 @@ import pytest
 from extproc.cli import main
 from extproc.dev.clustersim.blocks import Stream
 from extproc.dev.clustersim.engine import CostModel, EngineWorker, SimRequest, WorkerSpec
-from extproc.dev.clustersim.runner import Experiment, run_matrix, to_json
+from extproc.dev.clustersim.runner import SCENARIOS, Experiment, run_matrix, to_json
 from extproc.dev.clustersim.simulation import ClusterSpec
 from extproc.dev.clustersim.trace import read_trace, scripts_from_trace
 from extproc.dev.clustersim.workload import AgenticWorkload
@@ -150,6 +150,57 @@ def test_cli_json_shape(capsys) -> None:  # type: ignore[no-untyped-def]
     assert set(last["policies"]["kv_aware"]) == {"2", "4"}
     row = last["policies"]["kv_aware"]["4"]
     assert set(row) == {"prefix_hit_rate", "hit_by_tier", "throughput_tok_s", "ttft_p50_s",
-                        "ttft_p99_s", "reprefill_tokens", "hints", "kv_event_blocks"}
+                        "ttft_p99_s", "itl_p50_s", "split_fraction", "tool_loop_split_fraction",
+                        "adapter_loads", "reprefill_tokens", "hints", "kv_event_blocks"}
     assert set(row["hit_by_tier"]) == {"GPU", "CPU", "DISK"}
     assert row["prefix_hit_rate"] == pytest.approx(sum(row["hit_by_tier"].values()), abs=2e-4)
+
+
+PD = replace(SMALL, cluster=ClusterSpec(
+        workers=2, prefill_workers=1, pin_tool_loops=True,
+        worker=WorkerSpec(capacity_tokens=256_000)),
+        workload=AgenticWorkload(context_tokens=(20000, 40000), turns=(4, 8)),
+        policies=("pd_never", "pd_always", "pd_session_aware"))
+
+
+def test_pd_policies_split_as_they_say_and_the_prefill_worker_prefills() -> None:
+    results = run_matrix(PD)
+    never, always, aware = (results[p]["8"] for p in PD.policies)
+    assert never.split == 0 and never.routed > 0
+    assert always.split == always.routed > 0
+    assert 0 < aware.split < aware.routed
+    assert aware.tool_loop_split <= 0.05 * aware.tool_loop_routed  # warm turns stay local
+    assert aware.split >= (aware.routed - aware.tool_loop_routed) // 2  # first turns go remote
+    assert never.turns > 0 and always.turns > 0 and aware.turns > 0
+
+
+def test_a_split_turn_is_prefilled_on_the_prefill_worker_and_decoded_on_its_pick() -> None:
+    simulation = PD.simulation("pd_always")
+    simulation.run_closed(PD.workload, 4, 60.0)
+    decode, prefill = simulation.workers[:2], simulation.workers[2]
+    assert len(prefill.kv.device) > 0  # it computed the prompts and caches them
+    assert all(not r.remote for r in prefill.running)
+    assert all(len(w.kv.device) for w in decode)  # the transferred KV landed there
+
+
+def test_lora_affinity_loads_fewer_adapters_than_kv_aware() -> None:
+    experiment = replace(SCENARIOS["lora"].experiment, concurrencies=(32,), horizon_s=300.0,
+                         warmup_s=60.0)
+    results = run_matrix(experiment)
+    plain, affine = results["kv_aware"]["32"], results["lora_affinity"]["32"]
+    assert plain.adapter_loads > 0
+    assert affine.adapter_loads < plain.adapter_loads / 2
+    assert affine.throughput >= 0.98 * plain.throughput
+
+
+def test_an_adapter_waits_for_a_slot_and_its_load_is_counted() -> None:
+    worker = EngineWorker("w", WorkerSpec(capacity_tokens=64_000, max_lora=1), CostModel(), 64)
+    stream = Stream(1, 64)
+    a = SimRequest("a", 640, 4, stream.hashes(640), stream.hashes(704), 0.0, adapter="x")
+    b = SimRequest("b", 640, 4, stream.hashes(640), stream.hashes(704), 0.0, adapter="y")
+    worker.submit(a, 0.0)
+    worker.submit(b, 0.0)
+    worker.start_step(0.0)
+    assert worker.running == [a] and worker.waiting == 1  # one slot, busy with x
+    assert worker.adapter_loads == 1 and a.loaded_s == CostModel().adapter_load_s
+    assert worker.adapter_names() == (frozenset({"x"}), frozenset({"y"}))

@@ -135,7 +135,7 @@ async def kv_sim(tokenizer_path: Path) -> AsyncIterator[tuple[str, Simulator]]:
         yield f"http://127.0.0.1:{runner.addresses[0][1]}", app[SIMULATOR]
     finally:
         await runner.cleanup()
-        app[SIMULATOR].close()
+        await app[SIMULATOR].close()
 
 
 def chat(user: str, system: str = SYSTEM) -> dict[str, Any]:

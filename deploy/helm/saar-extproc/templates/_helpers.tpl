@@ -216,7 +216,7 @@ routing:
 {{- define "saar.eppConfig" -}}
 {{- $root := .root -}}
 {{- $owned := include "saar.ownedConfig" $root | fromYaml -}}
-{{- $discovery := dict "mode" "kubernetes" "namespace" $root.Release.Namespace "inference_pool" (include "saar.poolName" .) -}}
+{{- $discovery := dict "mode" "kubernetes" "namespace" $root.Release.Namespace "inference_pool" (include "saar.poolName" .) "role_label" $root.Values.inferencePool.roleLabel -}}
 {{- $scheduling := merge (dict "discovery" $discovery) (deepCopy $root.Values.epp.scheduling) -}}
 {{- $_ := set $owned "scheduling" $scheduling -}}
 {{- toYaml (merge $owned (deepCopy $root.Values.epp.config) (deepCopy $root.Values.config)) -}}

@@ -1,0 +1,126 @@
+"""Prefill/decode disaggregation: whether a request's prefill goes to a prefill worker, and to
+which one.
+
+The decode worker is picked first, as any worker is (a tool loop's pin and the session's
+binding hold). Then the split is decided by what that worker would have to prefill — the
+prompt's tokens it does not hold, not the prompt's length: an agent's first turn (a huge
+prefill) goes to a prefill worker, while a tool-loop turn that adds a few hundred tokens to a
+context warm on its decode worker stays local, where a hand-off would cost a second queue and
+a KV transfer for nothing. The prefill worker is picked by its own scorers (prefix overlap and
+load) and its own session binding, and travels to the decode worker's routing sidecar in
+``x-prefiller-host-port`` (llm-d's name): the sidecar calls it first, vLLM's KV transfer
+carries the KV over, then the decode worker answers.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from .filters import HealthyFilter, PrefillFilter
+from .picker import MaxScorePicker
+from .plugins import SCORERS, Context
+from .scheduler import Scheduler
+from .types import PrefixIndex, SchedulingRequest, Scorer, Worker
+
+if TYPE_CHECKING:
+    from ..config import Disaggregation, Scheduling
+
+REASONS = ("no_prefill_worker", "prefill_busy", "never", "warm", "cold", "always")
+"""Why a request of a pool with prefill workers was split or not (a bounded metric label): no
+healthy prefill worker; every prefill worker already has ``max_prefill_requests``; the mode
+says never; below the threshold of uncached tokens on the decode worker (``warm``: stays
+local); at or above it (``cold``: split); the mode says always."""
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    """The P/D decision for one request."""
+
+    prefill: str | None
+    """The prefill worker (``host:port``); None: the decode worker prefills itself."""
+    reason: str
+    uncached_tokens: int
+    """What the decode worker would have prefilled: the prompt less its cached prefix."""
+    scores: Mapping[str, float] = field(default_factory=dict)
+    """The prefill candidates' totals, when a prefill worker was picked."""
+
+
+class Disaggregator:
+    """Decides the split and picks the prefill worker; remembers each session's prefill worker
+    (the prefill phase's own binding, beside the decode binding in the session's record)."""
+
+    def __init__(self, config: Disaggregation, scheduler: Scheduler, *, tokens_per_block: int,
+                 max_sessions: int = 100_000) -> None:
+        self.config = config
+        self.scheduler = scheduler
+        self.tokens_per_block = tokens_per_block
+        self._bound: OrderedDict[str, str] = OrderedDict()
+        self._max_sessions = max_sessions
+
+    @classmethod
+    def from_config(cls, scheduling: Scheduling, *, index: PrefixIndex, rng: random.Random,
+                    tokens_per_block: int, max_sessions: int = 100_000,
+                    clock: Callable[[], float] = time.monotonic) -> Disaggregator:
+        """The prefill pick's scheduler: healthy prefill workers, the configured scorers."""
+        context = Context(scheduling, index, clock, max_sessions)
+        config = scheduling.disaggregation
+        scorers: list[tuple[Scorer, float]] = [
+            (SCORERS[name].make(context), weight) for name, weight in config.scorers.items()
+            if weight]
+        scheduler = Scheduler(scorers, MaxScorePicker(rng), [PrefillFilter(), HealthyFilter()],
+                              index)
+        return cls(config, scheduler, tokens_per_block=tokens_per_block,
+                   max_sessions=max_sessions)
+
+    def bound(self, session_key: str | None) -> str | None:
+        return None if session_key is None else self._bound.get(session_key)
+
+    def decide(self, request: SchedulingRequest, decode: str, matched: Mapping[str, float],
+               workers: Sequence[Worker]) -> Split | None:
+        """``decode`` was picked from ``workers`` with ``matched`` prefix blocks per worker;
+        None when the pool has no prefill worker at all (nothing to decide).
+
+        What ``decode`` holds is the larger of the prefix index's match and, when it is the
+        session's own worker, the session's previous prompt (``reused``): the session's record
+        knows that context was computed there even when the index has aged it out (an engine
+        offloads to host memory what the index forgets)."""
+        if not any(w.prefills for w in workers):
+            return None
+        blocks = matched.get(decode, 0.0)
+        if decode == request.bound_worker:  # it computed the session's previous prompt
+            blocks = max(blocks, request.reused)
+        held = int(blocks * self.tokens_per_block)
+        uncached = max(0, request.prompt_tokens - held)
+        mode = self.config.mode
+        if mode == "never":
+            return Split(None, "never", uncached)
+        if mode == "session_aware" and uncached < self.config.threshold_tokens:
+            return Split(None, "warm", uncached)
+        full = self.config.max_prefill_requests
+        room = [w for w in workers if not w.prefills or _requests(w) < full]
+        if mode == "session_aware" and not any(w.prefills for w in room):
+            return Split(None, "prefill_busy", uncached)
+        key = request.session_key
+        result = self.scheduler.schedule(
+            replace(request, subset=None, pinned=None, bound_worker=self.bound(key),
+                    matched=None), room if mode == "session_aware" else workers)
+        if not result.ordered:
+            return Split(None, "no_prefill_worker", uncached)
+        prefill = result.ordered[0]
+        if key is not None:
+            self._bound[key] = prefill
+            self._bound.move_to_end(key)
+            while len(self._bound) > self._max_sessions:
+                self._bound.popitem(last=False)
+        return Split(prefill, "always" if mode == "always" else "cold", uncached,
+                     dict(result.total))
+
+
+def _requests(worker: Worker) -> int:
+    """Its requests as last scraped, or the router's own count when the scrape is stale."""
+    return worker.in_flight if worker.stale else worker.running + worker.waiting
