@@ -172,7 +172,7 @@ def _pools(config: Config, clock: Clock, table: SessionTable, rng: random.Random
                         else max(1, prefix.chars_per_block // 4))
     disaggregation = Disaggregator.from_config(
         scheduling, index=index, rng=rng, tokens_per_block=tokens_per_block,
-        max_sessions=config.memory.max_sessions)
+        max_sessions=config.memory.max_sessions, table=table)
     pools = Pools(config, registry=registry, index=index, memo=memo, admission=admission,
                   scheduler=scheduler, table=table, tokenizer=tokenizer, shared_pool=shared_pool,
                   hints=hints, sessions=sessions, disaggregation=disaggregation)

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import random
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from ..state.table import SessionTable
 from .filters import HealthyFilter, PrefillFilter
 from .picker import MaxScorePicker
 from .plugins import SCORERS, Context
@@ -55,17 +55,19 @@ class Disaggregator:
     (the prefill phase's own binding, beside the decode binding in the session's record)."""
 
     def __init__(self, config: Disaggregation, scheduler: Scheduler, *, tokens_per_block: int,
-                 max_sessions: int = 100_000) -> None:
+                 table: SessionTable | None = None, max_sessions: int = 100_000) -> None:
+        """Each session's prefill worker is its slot on ``table`` (the process's session
+        table; one of its own, of ``max_sessions``, without)."""
         self.config = config
         self.scheduler = scheduler
         self.tokens_per_block = tokens_per_block
-        self._bound: OrderedDict[str, str] = OrderedDict()
-        self._max_sessions = max_sessions
+        self._table = table or SessionTable(max_sessions=max_sessions, clock=time.monotonic)
 
     @classmethod
     def from_config(cls, scheduling: Scheduling, *, index: PrefixIndex, rng: random.Random,
                     tokens_per_block: int, max_sessions: int = 100_000,
-                    clock: Callable[[], float] = time.monotonic) -> Disaggregator:
+                    clock: Callable[[], float] = time.monotonic,
+                    table: SessionTable | None = None) -> Disaggregator:
         """The prefill pick's scheduler: healthy prefill workers, the configured scorers."""
         context = Context(scheduling, index, clock, max_sessions)
         config = scheduling.disaggregation
@@ -74,11 +76,12 @@ class Disaggregator:
             if weight]
         scheduler = Scheduler(scorers, MaxScorePicker(rng), [PrefillFilter(), HealthyFilter()],
                               index)
-        return cls(config, scheduler, tokens_per_block=tokens_per_block,
+        return cls(config, scheduler, tokens_per_block=tokens_per_block, table=table,
                    max_sessions=max_sessions)
 
     def bound(self, session_key: str | None) -> str | None:
-        return None if session_key is None else self._bound.get(session_key)
+        entry = self._table.get(session_key)
+        return None if entry is None else entry.prefill
 
     def decide(self, request: SchedulingRequest, decode: str, matched: Mapping[str, float],
                workers: Sequence[Worker]) -> Split | None:
@@ -113,10 +116,7 @@ class Disaggregator:
             return Split(None, "no_prefill_worker", uncached)
         prefill = result.ordered[0]
         if key is not None:
-            self._bound[key] = prefill
-            self._bound.move_to_end(key)
-            while len(self._bound) > self._max_sessions:
-                self._bound.popitem(last=False)
+            self._table.touch(key).prefill = prefill
         return Split(prefill, "always" if mode == "always" else "cold", uncached,
                      dict(result.total))
 

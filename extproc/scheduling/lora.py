@@ -12,15 +12,29 @@ of the live sessions the router has placed on each worker (routed within ``idle_
 
 from __future__ import annotations
 
+import math
 import time
-from collections import Counter, OrderedDict
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
+from ..state.table import Entry, SessionTable
 from .types import SchedulingRequest, Worker
 
 ACTIVE, FREE_SLOT, MUST_WAIT = 1.0, 0.8, 0.6
 """llm-d's scores: the adapter is in use there; a slot is free to load it; every slot is taken
 (the request waits for one, then pays the load)."""
+
+
+@dataclass(slots=True)
+class AdapterPlaced:
+    """Where a session of an adapter was last placed: its slot on the session table."""
+
+    worker: str
+    adapter: str
+    seen: float
+    queued: float = -math.inf
+    """When it last joined the lapse line (at most once per tenth of the idle time)."""
 
 
 class LoraAffinityScorer:
@@ -29,13 +43,17 @@ class LoraAffinityScorer:
 
     name = "lora_affinity"
 
-    def __init__(self, *, idle_seconds: float = 120.0,
+    def __init__(self, *, idle_seconds: float = 120.0, table: SessionTable | None = None,
                  clock: Callable[[], float] = time.monotonic, max_sessions: int = 100_000) -> None:
+        """``table``: the process's session table (its assembler calls ``left`` when a
+        session leaves it); a table of its own, of ``max_sessions`` on ``clock``, without."""
         self._idle = idle_seconds
-        self._clock = clock
-        self._max = max_sessions
-        self._sessions: OrderedDict[str, tuple[str, str, float]] = OrderedDict()
-        """session → (worker, adapter, last routed), least recently routed first."""
+        if table is None:
+            table = SessionTable(max_sessions=max_sessions, clock=clock)
+            table.leaving(self.left)
+        self._table = table
+        self._clock = table.clock
+        self._lapse: deque[tuple[float, str]] = deque()
         self._placed: dict[str, Counter[str]] = {}
         """worker → adapter → live sessions of it placed there."""
 
@@ -50,11 +68,18 @@ class LoraAffinityScorer:
         key, adapter = request.session_key, request.adapter
         if key is None or adapter is None:
             return
-        self._drop(key)
-        self._sessions[key] = (address, adapter, self._clock())
+        entry = self._table.touch(key)
+        queued = entry.adapter.queued if entry.adapter is not None else -math.inf
+        self._drop(entry)
+        placed = entry.adapter = AdapterPlaced(address, adapter, self._clock(), queued)
         self._placed.setdefault(address, Counter())[adapter] += 1
-        while len(self._sessions) > self._max:
-            self._drop(next(iter(self._sessions)))
+        if placed.seen - placed.queued >= self._idle / 10:
+            placed.queued = placed.seen
+            self._lapse.append((placed.seen, key))
+
+    def left(self, key: str, entry: Entry) -> None:
+        """The session left the table (a table's leaving hook)."""
+        self._drop(entry)
 
     def _score(self, adapter: str, worker: Worker) -> float:
         placed = self._placed.get(worker.address, Counter())
@@ -66,19 +91,25 @@ class LoraAffinityScorer:
         return MUST_WAIT
 
     def _expire(self) -> None:
-        cutoff = self._clock() - self._idle
-        while self._sessions:
-            key, (_, _, seen) = next(iter(self._sessions.items()))
-            if seen >= cutoff:
-                return
-            self._drop(key)
+        horizon = self._clock() - self._idle
+        lapse = self._lapse
+        while lapse and lapse[0][0] <= horizon:
+            queued, key = lapse.popleft()
+            entry = self._table.get(key)
+            placed = None if entry is None else entry.adapter
+            if entry is None or placed is None or placed.queued != queued:
+                continue  # gone, or in the line again later
+            if placed.seen <= horizon:
+                self._drop(entry)
+            else:
+                placed.queued = placed.seen
+                lapse.append((placed.seen, key))
 
-    def _drop(self, key: str) -> None:
-        found = self._sessions.pop(key, None)
+    def _drop(self, entry: Entry) -> None:
+        found, entry.adapter = entry.adapter, None
         if found is None:
             return
-        worker, adapter, _ = found
-        placed = self._placed[worker]
-        placed[adapter] -= 1
-        if not placed[adapter]:
-            del placed[adapter]
+        placed = self._placed[found.worker]
+        placed[found.adapter] -= 1
+        if not placed[found.adapter]:
+            del placed[found.adapter]

@@ -147,9 +147,8 @@ class Pools:
             self.hints.left(key, entry)
         self.memo.left(key, entry)
         self.admission.left(key, entry)
-        active = self.scheduler.active_sessions
-        if active is not None:
-            active.left(key, entry)
+        for scorer in self.scheduler.session_slots:
+            scorer.left(key, entry)
 
     def blocks(self, prompt: Prompt, model: str) -> Sequence[int]:
         return self._hashed(prompt, model)[0]

@@ -70,7 +70,10 @@ class Scheduler:
         self._placed = placed
         self.active_sessions = next(
             (s for s, _ in self.scorers if isinstance(s, ActiveSessionsScorer)), None)
-        """The active-sessions scorer when it is used (its slots hang on the session table)."""
+        self.session_slots = tuple(s for s, _ in self.scorers
+                                   if isinstance(s, ActiveSessionsScorer | LoraAffinityScorer))
+        """The scorers whose per-session slots hang on the session table (told when a session
+        leaves it)."""
 
     def schedule(self, request: SchedulingRequest, workers: Sequence[Worker]) -> ScheduleResult:
         run = _Run(self._timer)

@@ -1,12 +1,12 @@
 """This process's live sessions: one entry each, on which every component hangs its slot.
 
-Admission's program, the active-sessions scorer's placement, the prompt memo's block hashes, the
-KV hint emitter's view, the session-prefix index's branch, the session's figures and the router's
-streamed answers still to claim all live on the session's one entry, so there is one bound
-(``memory.max_sessions``) and one eviction: a session leaves when it has been idle for
-``memory.session_ttl_seconds``, when the bound pushes it out (the least recently active first),
-or when it ends (its final request); whoever keeps a total over the slots is told, by the hook
-it registered, and lets that session go. Shorter notions a component has of a session (the
+Admission's program, the active-sessions scorer's placement, the adapter affinity scorer's, the
+prefill binding, the prompt memo's block hashes, the KV hint emitter's view, the session-prefix
+index's branch, the session's figures and the router's streamed answers still to claim all live
+on the session's one entry, so there is one bound (``memory.max_sessions``) and one eviction: a
+session leaves when it has been idle for ``memory.session_ttl_seconds``, when the bound pushes
+it out (the least recently active first), or when it ends (its final request); whoever keeps a
+total over the slots is told (the assembly registers the leaving hooks) and lets it go. Shorter notions a component has of a session (the
 scorer counts a placement only for a couple of minutes) are its own, read from its slot.
 
 The store's ``SessionRecord`` is not here: it is router state shared with other replicas and
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from ..observability.figures import Figured
     from ..scheduling.admission import Program
     from ..scheduling.kv_hints import Hinted
+    from ..scheduling.lora import AdapterPlaced
     from ..scheduling.memo import Memo
     from ..scheduling.session_prefix import Branch
     from ..scheduling.sessions import Placed
@@ -44,6 +45,10 @@ class Entry:
     hinted: Hinted | None = None
     branch: Branch | None = None
     figured: Figured | None = None
+    adapter: AdapterPlaced | None = None
+    """Where the session of a LoRA adapter was last placed (the adapter affinity scorer's)."""
+    prefill: str | None = None
+    """The prefill worker of the session's last split (the prefill phase's own binding)."""
     unclaimed: dict[str, float] | None = None
     """Streamed answers whose ids may not all be claimed here yet (replay id → when the
     routing stream ended; ``inf`` while it runs)."""
