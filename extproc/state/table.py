@@ -6,8 +6,9 @@ index's branch, the session's figures and the router's streamed answers still to
 on the session's one entry, so there is one bound (``memory.max_sessions``) and one eviction: a
 session leaves when it has been idle for ``memory.session_ttl_seconds``, when the bound pushes
 it out (the least recently active first), or when it ends (its final request); whoever keeps a
-total over the slots is told (the assembly registers the leaving hooks) and lets it go. Shorter notions a component has of a session (the
-scorer counts a placement only for a couple of minutes) are its own, read from its slot.
+total over the slots is told (the assembly registers the leaving hooks) and lets it go.
+Shorter notions a component has of a session (the scorer counts a placement only for a couple
+of minutes) are its own, read from its slot.
 
 The store's ``SessionRecord`` is not here: it is router state shared with other replicas and
 kept across restarts; this table is what this process computes from traffic and may forget.
