@@ -353,10 +353,18 @@ class Simulator:
                 }
             )
             await response.prepare(request)
-            for event in events:
-                await response.write(event.encode())
-                await self._sleep(decode_seconds / len(events))
-            await response.write_eof()
+            try:
+                for event in events:
+                    await response.write(event.encode())
+                    await self._sleep(decode_seconds / len(events))
+            finally:
+                # Generated whatever the client does: a client that stops reading at the
+                # terminal event (the openai SDK does) still finds its response stored, as
+                # on vLLM and OpenAI.
+                self._finish(api, summary, prompt, reply, session)
+            with contextlib.suppress(ConnectionResetError):
+                await response.write_eof()
+            return response
         else:
             await self._sleep(decode_seconds)
             response = web.Response(
