@@ -287,6 +287,14 @@ def _bench_route(args: argparse.Namespace) -> int:
                 as_json=args.json)
 
 
+def _bench_body(args: argparse.Namespace) -> int:
+    from .dev.bench.body import DEFAULT_SIZES, VARIANTS, main
+
+    return main(args.config, tuple(args.variants.split(",")) if args.variants else VARIANTS,
+                tuple(args.sizes.split(",")) if args.sizes else DEFAULT_SIZES,
+                as_json=args.json)
+
+
 def _bench_store(args: argparse.Namespace) -> int:
     from .dev.bench.store import STORES, main
 
@@ -475,6 +483,14 @@ def build_parser() -> argparse.ArgumentParser:
     route.add_argument("--config", default=None, help="default: config/example.yaml")
     route.add_argument("--sizes", default=None, help="comma-separated: 2kb,64kb,256kb,1mb,4mb")
     route.set_defaults(func=_bench_route)
+    body = bench_sub.add_parser(
+        "body", help="the body phase over gRPC: saar beside a pass-through and an echo")
+    body.add_argument("--json", action="store_true", help="last stdout line is JSON")
+    body.add_argument("--config", default=None, help="default: config/example.yaml")
+    body.add_argument("--sizes", default=None, help="comma-separated (default 1mb,4mb)")
+    body.add_argument("--variants", default=None,
+                      help="comma-separated, of passthrough,echo,saar,saar-no-rewrite")
+    body.set_defaults(func=_bench_body)
     store = bench_sub.add_parser(
         "store", help="the shared store's load and apply: one Redis server beside a cluster")
     store.add_argument("--stores", default=None,

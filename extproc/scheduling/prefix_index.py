@@ -120,6 +120,12 @@ class ApproximatePrefixIndex:
         chain grows into this one: only the new blocks are counted."""
         if not blocks:
             return
+        capacity = self.capacity(worker)
+        if len(blocks) > capacity:
+            # A prompt longer than the worker's cache leaves only its head there: count only
+            # that, so a long session's next turn (the same head) costs nothing, not the whole
+            # prompt added and evicted again.
+            blocks, extends = blocks[:capacity], min(extends, capacity)
         view = self._workers.get(worker)
         if view is None:
             view = self._workers[worker] = _Chains()

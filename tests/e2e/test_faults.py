@@ -166,7 +166,12 @@ def test_the_processor_restarted_with_sessions_in_flight(stack):
     processor = stack.processors[0].service
 
     def restart() -> None:
+        # down until a request has met no processor (a restart between two turns would test
+        # nothing), at most a few seconds: the SDKs' retries outlast it
         processor.stop()
+        deadline = time.monotonic() + 5
+        while failed_streams(stack) == failed and time.monotonic() < deadline:
+            time.sleep(0.02)
         processor.start()
 
     in_flight(sessions, 8, restart)

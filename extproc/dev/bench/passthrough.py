@@ -1,7 +1,7 @@
 """The floor for a Python ext_proc: a grpc.aio processor that answers every phase with an empty
 CONTINUE, so the benchmark can tell the price of gRPC from the price of routing.
 
-Run as ``python -m extproc.bench.passthrough --port N``.
+Run as ``python -m extproc.dev.bench.passthrough --port N [--echo]``.
 """
 
 from __future__ import annotations
@@ -18,9 +18,15 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 
-def reply_for(request: ep.ProcessingRequest) -> ep.ProcessingResponse:
-    """An empty response of the same phase: Envoy reads it as CONTINUE, unchanged."""
+def reply_for(request: ep.ProcessingRequest, *, echo: bool = False) -> ep.ProcessingResponse:
+    """An empty response of the same phase: Envoy reads it as CONTINUE, unchanged. With
+    ``echo`` a buffered request body comes back as a body mutation, byte for byte: the floor of
+    a processor that must return the body (one that rewrites the model)."""
     kind = request.WhichOneof("request")
+    if echo and kind == "request_body":
+        body = request.request_body.body
+        common = ep.CommonResponse(body_mutation=ep.BodyMutation(body=body))
+        return ep.ProcessingResponse(request_body=ep.BodyResponse(response=common))
     if kind in ("request_headers", "response_headers"):
         return ep.ProcessingResponse(**{kind: ep.HeadersResponse()})
     if kind in ("request_body", "response_body"):
@@ -31,16 +37,19 @@ def reply_for(request: ep.ProcessingRequest) -> ep.ProcessingResponse:
 
 
 class PassThrough(ep_grpc.ExternalProcessorServicer):
+    def __init__(self, *, echo: bool = False) -> None:
+        self._echo = echo
+
     async def Process(
         self,
         request_iterator: AsyncIterator[ep.ProcessingRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[ep.ProcessingResponse]:
         async for request in request_iterator:
-            yield reply_for(request)
+            yield reply_for(request, echo=self._echo)
 
 
-async def serve(host: str, port: int) -> None:
+async def serve(host: str, port: int, *, echo: bool = False) -> None:
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -49,7 +58,7 @@ async def serve(host: str, port: int) -> None:
             ("grpc.so_reuseport", 0),
         ]
     )
-    ep_grpc.add_ExternalProcessorServicer_to_server(PassThrough(), server)
+    ep_grpc.add_ExternalProcessorServicer_to_server(PassThrough(echo=echo), server)
     server.add_insecure_port(f"{host}:{port}")
     await server.start()
     stop = asyncio.Event()
@@ -64,8 +73,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--echo", action="store_true",
+                        help="return a buffered request body unchanged, as a body mutation")
     args = parser.parse_args(argv)
-    asyncio.run(serve(args.host, args.port))
+    asyncio.run(serve(args.host, args.port, echo=args.echo))
 
 
 if __name__ == "__main__":
