@@ -123,11 +123,14 @@ def _model_values(raw: bytes, thorough: bool) -> list[tuple[int, int]]:
 
 
 def _last_value(raw: bytes) -> list[tuple[int, int]]:
-    """The value of the last plain top-level "model" key, searched backwards from the end with
-    the depth counted as the search goes (the brackets closed minus opened after a key)."""
+    """The value of the last plain top-level "model" key. Its depth is counted over the
+    shorter side: a key in the second half searched backwards from the end (the brackets
+    closed minus opened after it), one in the first half — Claude Code and most hand-written
+    bodies put the model first — forwards from the start (opened minus closed before it)."""
+    middle = len(raw) // 2
     depth, done = 0, len(raw)
     end = len(raw)
-    while (at := raw.rfind(b'"model"', 0, end)) >= 0:
+    while (at := raw.rfind(b'"model"', middle, end)) >= 0:
         end = at
         key = _KEY.match(raw, at)
         if key is None or not _unescaped(raw, at):
@@ -136,7 +139,19 @@ def _last_value(raw: bytes) -> list[tuple[int, int]]:
         done = at
         if depth == 1:
             return [(key.end(), _value_end(raw, key.end()))]
-    return []
+    last: re.Match[bytes] | None = None
+    depth, done, seen = 0, 0, 0
+    at = raw.find(b'"model"')
+    while 0 <= at < middle and seen <= MAX_MODEL_KEYS:
+        key = _KEY.match(raw, at)
+        if key is not None and _unescaped(raw, at):
+            seen += 1
+            depth += _balance(raw[done:at])
+            done = at
+            if depth == 1:
+                last = key
+        at = raw.find(b'"model"', at + 7)
+    return [] if last is None or seen > MAX_MODEL_KEYS else [(last.end(), _value_end(raw, last.end()))]
 
 
 def _candidates(raw: bytes, thorough: bool) -> list[re.Match[bytes]]:
