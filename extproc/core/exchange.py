@@ -582,6 +582,7 @@ class Exchange:
                 self._settle_step *= 2
                 return self._hold("settle", key, left, self._look_again,
                                   due=min(step, left) if options.shared else None)
+            self._router.orphaned(request, facts)
         return self._route(admit_paused=False)
 
     def _look_again(self, late: bool) -> list[Command]:

@@ -186,18 +186,27 @@ class Router:
         cut = len(request.identity.tenant) + 1
         return all(key[cut:] in issued for key in query.ids)
 
-    @staticmethod
-    def unsettled(request: Request, facts: Facts) -> bool:
+    def unsettled(self, request: Request, facts: Facts) -> bool:
         """Whether the newest id the request continues (its pending tool results, else its
         ``previous_response_id``, else its newest provider state) has no known issuer: the
         write of the answer that issued it may still be on its way (another replica's, or a
-        streamed answer's claim not yet handled). Only then is waiting worth it."""
+        streamed answer's claim not yet handled). Only then is waiting worth it — and not
+        again for ids a settle hold of this session already waited for in vain."""
         newest = request.summary.newest
         if not newest:
             return False
         issued = facts.session.issued if facts.session is not None else ()
         tenant = request.identity.tenant
-        return any(scoped(tenant, i) not in facts.owners and i not in issued for i in newest)
+        entry = self._table.get(request.identity.key or facts.session_key)
+        orphans = entry.orphans if entry is not None and entry.orphans else ()
+        return any(scoped(tenant, i) not in facts.owners and i not in issued
+                   and i not in orphans for i in newest)
+
+    def orphaned(self, request: Request, facts: Facts) -> None:
+        """A settle hold's bound passed with the request's newest ids still unissued."""
+        key = request.identity.key or facts.session_key
+        if key is not None:
+            self._table.touch(key).orphans = frozenset(request.summary.newest)
 
     def unclaimed(self, session_key: str) -> bool:
         """Whether a streamed answer of this session may still carry ids this process has not

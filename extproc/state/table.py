@@ -53,6 +53,9 @@ class Entry:
     unclaimed: dict[str, float] | None = None
     """Streamed answers whose ids may not all be claimed here yet (replay id → when the
     routing stream ended; ``inf`` while it runs)."""
+    orphans: frozenset[str] | None = None
+    """The newest ids a settle hold last waited for in vain: no issuer appeared within its
+    bound, so a request continuing them again (a retry, a client's own ids) routes at once."""
 
 
 Hook = Callable[[str, Entry], None]

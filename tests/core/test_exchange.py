@@ -349,6 +349,26 @@ def test_with_a_shared_store_an_unknown_issuer_is_looked_for_then_given_up(
     assert (load, route.split()[0]) == ("load", "route")
 
 
+def test_ids_waited_for_in_vain_are_not_waited_for_again(session_config, clock):
+    """A client's own ids (or a retry of a request already given up on) route at once; a
+    newer unknown id is waited for again."""
+    loop = Loop(session_config, clock, shared=True)
+    loop(RequestHeaders(CHAT))
+    assert loop(RequestBody(chat(result="call_foreign"))) == ["parse", "load", "hold settle"]
+    assert loop(Woken("settle", late=True))[-1].split()[0] == "route"
+    loop(ResponseHeaders(200))
+    loop(ResponseBody(orjson.dumps({"choices": [{"message": {"content": "ok"}}]})))
+    loop(Closed())
+    loop.new()
+    loop(RequestHeaders(CHAT))
+    assert [c.split()[0] for c in loop(RequestBody(chat(result="call_foreign")))] == [
+        "parse", "load", "route"]
+    loop(Closed())
+    loop.new()
+    loop(RequestHeaders(CHAT))
+    assert loop(RequestBody(chat(result="call_newer"))) == ["parse", "load", "hold settle"]
+
+
 def test_with_a_shared_store_the_session_is_loaded_early(session_config, clock):
     loop = Loop(session_config, clock, shared=True)
     assert loop(RequestHeaders(CHAT)) == ["load early", "continue request_headers"]
