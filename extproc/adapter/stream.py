@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -149,11 +150,20 @@ class Stream:
 async def process(
     stream: Stream, requests: AsyncIterator[ep.ProcessingRequest], metrics: Metrics
 ) -> AsyncIterator[ep.ProcessingResponse]:
-    """The servicer's loop around one stream: never lets a stream crash."""
+    """The servicer's loop around one stream: never lets a stream crash. It times what the
+    processor added to the request (``saar_router_overhead_seconds``): from each message to
+    its first reply, summed over a routing stream (a hold's reply ends its message's time;
+    observe streams, which Envoy never waits on, are not timed)."""
+    overhead, routing = 0.0, True
     try:
         async for message in requests:
+            since: float | None = time.perf_counter()
+            routing = routing and not message.observability_mode
             try:
                 async for reply in stream.replies(message):
+                    if since is not None:
+                        overhead += time.perf_counter() - since
+                        since = None
                     yield reply
             except Exception:
                 log.exception("ext_proc message failed")
@@ -166,3 +176,5 @@ async def process(
                 return
     finally:
         stream.close()
+        if routing and overhead:
+            metrics.overhead_seconds.observe(overhead)

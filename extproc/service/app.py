@@ -158,7 +158,6 @@ async def start(config: Config, parts: Parts | None = None) -> RunningService:
     telemetry = Telemetry.start(config, parts)
     state.start()
     server = grpc.aio.server(
-        interceptors=telemetry.interceptors,
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),

@@ -7,12 +7,9 @@ whole."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import grpc
 from prometheus_client import CollectorRegistry
 
 from ..assembly import Parts
@@ -35,7 +32,6 @@ class Telemetry:
     shared: SharedReplay | None = None
     spans: Any = None
     """``RouteSpans`` when OpenTelemetry is on (typed loosely: never imported otherwise)."""
-    interceptors: list[grpc.aio.ServerInterceptor] = field(default_factory=list)
     gauges: tuple[CollectorRegistry, PoolGauges] | None = None
     """(the metrics registry, the pool gauges registered in it until ``stop``)."""
 
@@ -67,7 +63,7 @@ class Telemetry:
             parts.replay.subscribe(listener)
         auth = AdminAuth.from_config(config.admin, router.identity.tenant)
         return cls(auth, ReplayLookup(parts.replay, shared), figures, shared, spans,
-                   [OverheadTimer(parts.metrics)], (parts.metrics.registry, gauges))
+                   (parts.metrics.registry, gauges))
 
     async def stop(self) -> None:
         if self.gauges is not None:
@@ -90,56 +86,3 @@ def _shared(config: Config, metrics: Metrics) -> SharedReplay | None:
         session_records=settings.session_records, flush_seconds=settings.flush_seconds,
         max_pending=settings.max_pending,
     )
-
-
-class OverheadTimer(grpc.aio.ServerInterceptor):
-    """``saar_router_overhead_seconds``: per routing stream (one HTTP request), the time from
-    each message Envoy sent to the processor's reply, summed; what the processor added to the
-    request. Observe streams (Envoy never waits on them) and admission holds are left out."""
-
-    def __init__(self, metrics: Metrics) -> None:
-        self._metrics = metrics
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(details)
-        if details.method != PROCESS_METHOD or handler is None or handler.stream_stream is None:
-            return handler
-        behaviour = handler.stream_stream
-        histogram = self._metrics.overhead_seconds
-
-        async def timed(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
-            clock = _StreamClock()
-            async for reply in behaviour(clock.received(requests), context):
-                clock.replied()
-                yield reply
-            if clock.routing and clock.total:
-                histogram.observe(clock.total)
-
-        return grpc.stream_stream_rpc_method_handler(
-            timed, request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
-
-
-class _StreamClock:
-    def __init__(self) -> None:
-        self.total = 0.0
-        self.routing = True
-        self._since: float | None = None
-
-    async def received(self, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
-        async for message in requests:
-            if message.observability_mode:
-                self.routing = False
-            self._since = time.perf_counter()
-            yield message
-
-    def replied(self) -> None:
-        """A reply went out; a second one to the same message (after a hold) is not timed."""
-        if self._since is not None:
-            self.total += time.perf_counter() - self._since
-            self._since = None
