@@ -23,10 +23,12 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
         if self._io.parser is not None:
             self._io.parser.close()
 
-    def Process(
+    async def Process(
         self,
         request_iterator: AsyncIterator[ep.ProcessingRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[ep.ProcessingResponse]:
+        # An async generator itself: gRPC tells a streaming handler by its function's kind.
         stream = Stream(self._exchange(), self._io)
-        return process(stream, request_iterator, self._io.metrics)
+        async for reply in process(stream, request_iterator, self._io.metrics):
+            yield reply
