@@ -8,11 +8,10 @@ or an object would be unhashable downstream), and ``canonical_json`` never raise
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
-
-import re
 
 import orjson
 import xxhash
