@@ -68,6 +68,11 @@ class SessionIdentity:
     parent_session_id: str | None = None
     final: bool = False
     compaction: bool = False
+    fallback: str | None = None
+    """The session when the chain the request follows leads nowhere known (the
+    conversation's fingerprint)."""
+    opens: bool = False
+    """A first request that names no session: it opens a new one (``route`` names it)."""
 
     @property
     def key(self) -> str | None:
@@ -107,6 +112,8 @@ class RequestSummary:
     session_hint: str | None = None
     session_hint_source: str | None = None
     conversation: str | None = None
+    opening: bool = False
+    """No answer of a model is in the history yet: the conversation's first request."""
     may_issue: bool = True
     """The answer may carry ids the router must own: tools are offered (a call may come back),
     the API issues response ids (Responses), or signed thinking was asked for (Messages)."""
@@ -128,6 +135,18 @@ class RequestSummary:
         previous response, the pending tool results (issued by the model's last answer)."""
         previous = (self.previous_response_id,) if self.previous_response_id else ()
         return (*self.provider_state, *previous, *self.tool_result_ids)
+
+    @property
+    def trail(self) -> str | None:
+        """The newest id in the history that a model's answer issued (the previous response,
+        else the last tool call, else the last provider state): whoever got it is the session
+        this request continues, when it names none."""
+        if self.previous_response_id:
+            return self.previous_response_id
+        for ids in (self.tool_call_ids, self.provider_state, self.tool_result_ids):
+            if ids:
+                return ids[-1]
+        return None
 
     @property
     def newest(self) -> tuple[str, ...]:

@@ -52,6 +52,8 @@ class Waker:
         for write in writes:
             if isinstance(write, Claim):
                 key = write.owner.session
+                for id_key in write.keys:  # a request following this id's chain
+                    self.wake("settle", id_key)
             elif isinstance(write, Finish):
                 key = write.turn.session_key
             else:

@@ -88,6 +88,7 @@ def parse(body: dict[str, Any]) -> Facts:
         tool_results=pending,
         latest_text=latest(contents or [last_user_content(messages)]),
         conversation=conversation(None, messages, first_user),
+        opening=answered < 0,
     )
 
 

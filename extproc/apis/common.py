@@ -8,6 +8,7 @@ or an object would be unhashable downstream), and ``canonical_json`` never raise
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,9 @@ LATEST_TEXT_CAP = 4096
 _TEXT_TYPES = ("text", "input_text", "output_text", "thinking", "summary_text", "reasoning_text")
 """A tuple, not a set: ``in`` compares, so an unhashable ``type`` (a list) cannot raise."""
 _SYSTEM_ROLES = ("system", "developer")
+_REMINDER = re.compile(r"<system-reminder>.*?</system-reminder>\s*", re.DOTALL)
+"""A harness's reminder (Claude Code's, Qwen Code's date and tool lists): volatile text that a
+resumed run may leave out of the same opening."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +45,7 @@ class Facts:
     conversation: str | None = None
     session_hint: str | None = None
     session_hint_source: str | None = None
+    opening: bool = False
 
 
 def fingerprint(kind: str, value: str) -> str:
@@ -118,8 +123,9 @@ def conversation(system: Any, entries: list[Any], first_user: int) -> str | None
     """Fingerprint of a conversation's opening: its system prompt (the top-level one and system
     entries before the first user turn) and its first user turn, or None without a user turn.
 
-    Both are resent unchanged on every turn of one conversation however it grows, so the
-    fingerprint names the conversation for callers that name no session. Only these few
+    Both are resent on every turn of one conversation however it grows, so the fingerprint
+    names the conversation for callers that name no session. Reminders are left out: Qwen
+    Code drops its date reminder from the first message when a run is resumed. Only these few
     fields are read and hashed."""
     if first_user < 0:
         return None
@@ -127,6 +133,8 @@ def conversation(system: Any, entries: list[Any], first_user: int) -> str | None
     opening += (text(e.get("content")) for e in entries[:first_user]
                 if e.get("role") in _SYSTEM_ROLES)
     opening.append(text(entries[first_user].get("content")))
+    opening = [_REMINDER.sub("", part) if "<system-reminder>" in part else part
+               for part in opening]
     digest = xxhash.xxh3_64()
     for part in opening:
         data = part.encode()

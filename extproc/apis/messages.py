@@ -100,6 +100,7 @@ def parse(body: dict[str, Any]) -> Facts:
         conversation=conversation(body.get("system"), messages, first_user),
         session_hint=session,
         session_hint_source=HINT_SOURCE if session else None,
+        opening=answered < 0,
     )
 
 

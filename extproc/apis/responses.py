@@ -117,6 +117,7 @@ def parse(body: dict[str, Any]) -> Facts:
         conversation=conversation(body.get("instructions"), items, first_user),
         session_hint=session,
         session_hint_source=HINT_SOURCE if session else None,
+        opening=answered < 0,
     )
 
 

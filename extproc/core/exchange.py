@@ -571,8 +571,14 @@ class Exchange:
         self._facts = facts
         options = self._options
         key = request.identity.key or facts.session_key
+        # A request that names no session and whose chain leads nowhere yet waits on the id
+        # it follows: only the claim of that id can tell its session.
+        following = key is None and request.query.chain is not None
+        if following:
+            key = request.query.chain
         if options.settle_seconds > 0 and key is not None and self._router.unsettled(
-                request, facts) and (options.shared or self._router.unclaimed(key)):
+                request, facts) and (options.shared or self._router.unclaimed(key) or (
+                    following and self._router.claims_pending())):
             now = self._timer()
             if self._settle_deadline is None:
                 self._settle_deadline = now + options.settle_seconds
@@ -581,7 +587,8 @@ class Exchange:
                 step = self._settle_step
                 self._settle_step *= 2
                 return self._hold("settle", key, left, self._look_again,
-                                  due=min(step, left) if options.shared else None)
+                                  due=min(step, left) if options.shared or following
+                                  else None)
             self._router.orphaned(request, facts)
         return self._route(admit_paused=False)
 

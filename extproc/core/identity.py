@@ -3,10 +3,13 @@ tenant.
 
 Precedence: the harness headers (Dynamo's canonical header first), then a session id the body
 names (Anthropic ``metadata.user_id``, where Claude Code puts its session; the Responses
-``prompt_cache_key``, Codex's conversation id), then the chain (a ``previous_response_id`` belongs
-to the session that got it: resolved by the store, see ``chained``), and last the conversation's
-fingerprint (its opening is resent on every turn), so a caller that names nothing still gets
-one session per conversation.
+``prompt_cache_key``, Codex's conversation id). A caller that names nothing (Qwen Code by
+default) is followed by the ids its history holds: a ``previous_response_id``, a tool call or a
+provider-state blob belongs to the session whose answer issued it (the owner the locks already
+record; resolved by the store, see ``chained``), so a run's turns and its resumes are one
+session. A first request (no answer in its history) opens a new session (``opened``): two runs
+that open alike never merge. Only a conversation that carries no such id at all is named by
+its fingerprint (system prompt and first user turn, reminders left out).
 
 Values are client-controlled, so they are capped and keyed under the caller's tenant: one caller
 can name any session it likes but only ever reaches its own.
@@ -26,6 +29,8 @@ from ..types import RequestSummary, SessionIdentity
 
 _TRUE = frozenset({"true", "1", "yes"})
 CONVERSATION_PREFIX = "c-"
+OPENING = "opening"
+"""The source of a session that a first request opened (it named none)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,8 +79,9 @@ class IdentityReader:
     def read(
         self, headers: Mapping[str, str], request: RequestSummary | None = None
     ) -> SessionIdentity:
-        """The session the headers name, else the body's hint, else (no chain to follow) the
-        conversation's fingerprint; ``session_id`` None when only the chain can tell."""
+        """The session the headers name, else the body's hint; else ``session_id`` is None
+        when the chain tells (the ids of the history) or a first request opens a new session
+        (``opens``), and the conversation's fingerprint when neither does."""
         tenant = self._tenant(headers)
         final = headers.get("x-dynamo-session-final", "").strip().lower() in _TRUE
         compaction = _is_compaction(headers.get("x-codex-turn-metadata"))
@@ -88,10 +94,16 @@ class IdentityReader:
         if request is not None and request.session_hint:
             return SessionIdentity(tenant, self._cap(request.session_hint),
                                    request.session_hint_source, None, final, compaction)
-        if request is not None and request.conversation and not request.previous_response_id:
-            return SessionIdentity(tenant, CONVERSATION_PREFIX + request.conversation,
-                                   "conversation", None, final, compaction)
-        return SessionIdentity(tenant, None, None, None, final, compaction)
+        if request is None:
+            return SessionIdentity(tenant, None, None, None, final, compaction)
+        conversation = CONVERSATION_PREFIX + request.conversation if request.conversation else None
+        if request.trail is not None:  # the session that got the ids, found by the store
+            return SessionIdentity(tenant, None, None, None, final, compaction,
+                                   fallback=conversation)
+        if request.opening:  # two runs that open alike are two sessions
+            return SessionIdentity(tenant, None, OPENING, None, final, compaction, opens=True)
+        return SessionIdentity(tenant, conversation, "conversation" if conversation else None,
+                               None, final, compaction)
 
     @property
     def harnesses(self) -> tuple[HarnessHeaders, ...]:
@@ -143,13 +155,25 @@ class IdentityReader:
 
 
 def chained(identity: SessionIdentity, session_key: str | None) -> SessionIdentity:
-    """``identity`` once the store resolved its chain to ``session_key`` (``tenant/id``)."""
-    if identity.session_id is not None or session_key is None:
+    """``identity`` once the store resolved its chain to ``session_key`` (``tenant/id``), or
+    to nothing known: then its ``fallback``, if it has one."""
+    if identity.session_id is not None:
         return identity
     prefix = identity.tenant + "/"
-    if not session_key.startswith(prefix):
-        return identity  # another tenant's session: never followed
-    return replace(identity, session_id=session_key[len(prefix):], source="chain")
+    if session_key is not None and session_key.startswith(prefix):  # never another tenant's
+        return replace(identity, session_id=session_key[len(prefix):], source="chain")
+    if identity.fallback is not None:
+        return replace(identity, session_id=identity.fallback, source="conversation")
+    return identity
+
+
+def opened(identity: SessionIdentity, name: str) -> SessionIdentity:
+    """``identity`` of a first request that names no session, given the new session's
+    ``name`` (the replay id of the request that opened it: unique, and it names where the
+    session began)."""
+    if not identity.opens or identity.session_id is not None:
+        return identity
+    return replace(identity, session_id=CONVERSATION_PREFIX + name)
 
 
 def _is_compaction(metadata: str | None) -> bool:

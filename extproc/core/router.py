@@ -4,7 +4,8 @@ Per request the exchange (``core.exchange``) makes these calls and has the I/O d
 them:
 
 1. ``read`` parses the body once, reads the session identity and says which facts to load
-   (the session's record, the owners of the ids the request carries, the chain to follow);
+   (the session's record, the owners of the ids the request carries, the chain to follow
+   when it names no session: the newest id of its history, see ``RequestSummary.trail``);
 2. ``route`` decides from those facts — SAAR picks the model, scheduling the worker — and
    returns the ``Routed`` answer with the ``Turn`` it will commit;
 3. as the answer passes, ``answered`` (the upstream's status: a 2xx commits the turn),
@@ -37,7 +38,7 @@ from ..state.store import Facts, Query
 from ..state.table import SessionTable
 from ..types import Action, Api, Clock, RequestSummary, ResponseSummary, SessionIdentity
 from .health import ModelHealth
-from .identity import IdentityReader, chained
+from .identity import IdentityReader, chained, opened
 from .journal import Decided, Held, Journal, Outcome, Timings
 from .paths import api_for as api_for  # re-exported: which requests are API calls
 from .saar import RoutingDecision, SaarEngine, issuer
@@ -136,6 +137,9 @@ class Router:
         self._rewrite = config.routing.rewrite_model
         self._table = table
         self._preambles = preambles or Preambles(())
+        self._streaming = 0
+        self._stream_ended = -math.inf
+        """Streamed answers that may issue ids, running here, and when the last one ended."""
 
     # -- the request path ------------------------------------------------------------------
 
@@ -158,10 +162,13 @@ class Router:
         parsed = time.perf_counter()
         identity = self.identity.read(headers, summary)
         tenant = identity.tenant
-        chain = None
-        if summary.previous_response_id and identity.session_id is None:
-            chain = scoped(tenant, summary.previous_response_id)
         ids = tuple(scoped(tenant, i) for i in summary.continued)
+        chain = None
+        trail = summary.trail if identity.session_id is None else None
+        if trail is not None:
+            chain = scoped(tenant, trail)
+            if chain not in ids:
+                ids = (*ids, chain)
         query = Query(identity.key, ids, chain)
         return Request(summary, identity, headers, query, started, parsed, time.perf_counter(),
                        spans, prompt)
@@ -223,6 +230,12 @@ class Router:
             entry.unclaimed = None
         return bool(answers)
 
+    def claims_pending(self) -> bool:
+        """Whether some streamed answer here may still carry ids not claimed yet (one runs,
+        or one ended less than ``UNCLAIMED_SECONDS`` ago): a request that follows a chain of
+        ids to a session it cannot name may be racing that claim."""
+        return self._streaming > 0 or self.clock() - self._stream_ended < UNCLAIMED_SECONDS
+
     def route(
         self,
         request: Request,
@@ -237,7 +250,8 @@ class Router:
         where the request waited before this call (recorded, and not counted as loading)."""
         began = time.perf_counter()
         summary = request.summary
-        identity = chained(request.identity, facts.session_key)
+        replay_id = self._new_id()
+        identity = opened(chained(request.identity, facts.session_key), replay_id)
         state = facts.session if identity.key == facts.session_key else None
         try:
             if not admit_paused and self.pools.admission.is_paused(identity.key):
@@ -292,7 +306,6 @@ class Router:
             sum(h.until - h.since for h in holds),
         )
         now = self.clock()
-        replay_id = self._new_id()
         turn = Turn(
             replay_id, identity.key, identity.tenant, decision.model, decision.decision,
             decision.phase, decision.action is Action.SWITCH, summary.context_tokens, now,
@@ -307,6 +320,8 @@ class Router:
                 if entry.unclaimed is None:
                     entry.unclaimed = {}
                 entry.unclaimed[replay_id] = math.inf
+        if summary.stream and summary.may_issue:
+            self._streaming += 1
         self.pools.started(placement, identity.key, summary.context_tokens)
         if placement.worker is not None:
             self.metrics.worker_picks.labels(decision.model, placement.worker).inc()
@@ -399,6 +414,10 @@ class Router:
             usage.completion_tokens if usage else 0,
         )
         now = self.clock()
+        if routed.stream and routed.reads_answer:
+            self._streaming -= 1
+            if not aborted:  # an answer never begun has nothing to claim
+                self._stream_ended = now
         entry = self._table.get(turn.session_key)
         answers = None if entry is None else entry.unclaimed
         if answers is not None and turn.replay_id in answers:

@@ -108,7 +108,11 @@ class Scheduler:
             preferred = self._prefer(request.session_key)
         if (preferred not in totals and request.bound_worker is None
                 and request.parent_session is not None and self._placed is not None):
-            preferred = self._placed(request.parent_session)
+            parent = self._placed(request.parent_session)
+            # Where the prefix is: the parent's worker unless another holds more of it.
+            if parent in totals and matched.get(parent, 0.0) >= max(matched.values(),
+                                                                    default=0.0):
+                preferred = parent
         if preferred in totals:
             ordered = (preferred, *(a for a in ordered if a != preferred))
         run("prefix_index.routed", None, self.index.routed, ordered[0], request.prompt_blocks,

@@ -95,6 +95,12 @@ def summary(**fields):
         ({}, {"conversation": "ab12"}, "c-ab12", "conversation"),
         # A chain names its session through the store, not the fingerprint of "go on".
         ({}, {"conversation": "ab12", "previous_response_id": "resp_1"}, None, None),
+        # So does any id of the history an answer issued: a tool call, a provider blob.
+        ({}, {"conversation": "ab12", "tool_call_ids": ("call_1",)}, None, None),
+        ({}, {"conversation": "ab12", "provider_state": ("thinking:9",)}, None, None),
+        # A first request names nothing: ``route`` opens a session for it.
+        ({}, {"conversation": "ab12", "opening": True}, None, "opening"),
+        ({}, {"session_hint": "hint", "conversation": "ab12", "opening": True}, "hint", None),
         ({}, {"session_hint": "hint", "conversation": "ab12"}, "hint", None),
         ({}, {}, None, None),
     ],
@@ -114,6 +120,37 @@ def test_a_chain_resolves_only_within_its_tenant():
     resolved = chained(identity, f"{identity.tenant}/s-9")
     assert (resolved.session_id, resolved.source) == ("s-9", "chain")
     assert chained(identity, "k-other/s-9").session_id is None
+
+
+@pytest.mark.parametrize(
+    ("fields", "resolved", "session", "source"),
+    [
+        # The chain resolved: the session that got the ids.
+        ({"tool_call_ids": ("call_1",), "conversation": "ab12"}, "s-9", "s-9", "chain"),
+        # It leads nowhere known (the ids expired, or came from elsewhere): the fingerprint.
+        ({"tool_call_ids": ("call_1",), "conversation": "ab12"}, None, "c-ab12",
+         "conversation"),
+        # A response chain has no fingerprint to fall back on.
+        ({"previous_response_id": "resp_1"}, None, None, None),
+    ],
+)
+def test_a_chain_that_leads_nowhere_falls_back_to_the_fingerprint(fields, resolved, session,
+                                                                  source):
+    from extproc.core.identity import chained
+
+    identity = reader.read({"authorization": "Bearer a"}, summary(**fields))
+    key = None if resolved is None else f"{identity.tenant}/{resolved}"
+    found = chained(identity, key)
+    assert (found.session_id, found.source) == (session, source)
+
+
+def test_a_first_request_opens_a_session_named_by_its_replay_id():
+    from extproc.core.identity import opened
+
+    identity = reader.read({}, summary(opening=True, conversation="ab12"))
+    assert opened(identity, "rp-1").session_id == "c-rp-1"
+    named = reader.read({"x-session-id": "s"}, summary(opening=True))
+    assert opened(named, "rp-1").session_id == "s"
 
 
 def test_control_characters_never_reach_a_key():

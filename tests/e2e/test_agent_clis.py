@@ -254,10 +254,9 @@ def test_qwen_code_with_its_opt_in_session_header_is_one_session_per_run(runs):
         assert {r["session"]["source"] for r in traffic.records} == {"x-session-id"}
 
 
-ROUND_2 = "needs the session identity of issue 16, wired by the lead in round 2"
-
-
-@pytest.mark.xfail(strict=True, reason=ROUND_2)
+@pytest.mark.xfail(strict=True, reason="identity by the history's ids (core.identity) is in, "
+                   "but a run still shows more than one root session (2026-12-02): Qwen's "
+                   "memory-extraction side agent opens a session of its own")
 def test_qwen_code_gets_one_session_per_run_with_default_settings(runs):
     by_name = runs.by_cli["qwen-code"]
     roots = {name: traffic.roots() for name, traffic in by_name.items()}
@@ -266,7 +265,8 @@ def test_qwen_code_gets_one_session_per_run_with_default_settings(runs):
     assert roots["plain-again"] != roots["plain"]  # same prompt, another run
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND_2)
+@pytest.mark.xfail(strict=True, reason="a Qwen Code sub-agent's request names nothing of its "
+                   "parent; linking it needs the parent's spawn call fingerprinted (not built)")
 def test_qwen_code_sub_agents_are_recorded_under_their_parent(runs):
     delegate = runs.by_cli["qwen-code"]["delegate"]
     (root,) = delegate.roots()
@@ -300,8 +300,9 @@ def _claude_cache_figures(runs: Runs) -> dict[str, Any]:
     }
 
 
-@pytest.mark.xfail(strict=True, reason="needs prompt normalisation on the request path "
-                                       "(apis.normalise), wired by the lead in round 2")
+@pytest.mark.xfail(strict=True, reason="measured 2026-12-02: second session's first request "
+                   "0.803 (met), sub-agent's first turn 0.002 (missed: the parent preference "
+                   "beats the worker holding the sub-agent's own prefix)")
 def test_claude_code_reuses_the_prompt_across_sessions_and_sub_agents(runs):
     figures = _claude_cache_figures(runs)
     assert figures["second_session_first_request"] >= 0.75

@@ -1,0 +1,63 @@
+"""Runs of an agent that names no session (Qwen Code by default), through the real router:
+one session per run, a resume continues it, two runs that open alike never merge."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from extproc.assembly import assemble
+from extproc.core.router import LocalDriver
+from extproc.types import Api, ResponseSummary
+
+TOOLS = [{"type": "function", "function": {"name": "run_shell_command", "parameters": {}}}]
+REMINDER = "<system-reminder>Today's date is Wednesday.</system-reminder>"
+
+
+def body(task: str, history: list[dict], *, reminder: bool = True) -> bytes:
+    first = [{"type": "text", "text": REMINDER}] if reminder else []
+    messages = [{"role": "system", "content": "You are Qwen Code."},
+                {"role": "user", "content": [*first, {"type": "text", "text": task}]},
+                *history]
+    return orjson.dumps({"model": "auto", "messages": messages, "tools": TOOLS})
+
+
+def call(call_id: str) -> list[dict]:
+    return [{"role": "assistant", "tool_calls": [{"id": call_id, "type": "function",
+             "function": {"name": "run_shell_command", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": call_id, "content": "ok"}]
+
+
+@pytest.fixture
+def driver(session_config, clock):
+    return LocalDriver(assemble(session_config, clock=clock).router)
+
+
+def send(driver, raw: bytes, issued: str | None = None) -> str | None:
+    routed = driver.route(Api.CHAT, {"authorization": "Bearer qwen"}, raw)
+    driver.respond(routed, ResponseSummary(
+        status=200, tool_call_ids=[issued] if issued else [],
+        finish_reason="tool_calls" if issued else "stop"))
+    return routed.turn.session_key
+
+
+def test_runs_without_an_id(driver):
+    run = [send(driver, body("debug", []), "call_a"),
+           send(driver, body("debug", call("call_a")), "call_b"),
+           send(driver, body("debug", call("call_a") + call("call_b")))]
+    # The resume drops the date reminder and adds a turn: its history holds the run's ids.
+    resume = send(driver, body("debug", [*call("call_a"), *call("call_b"),
+                                         {"role": "user", "content": "confirm"}],
+                               reminder=False))
+    again = [send(driver, body("debug", [])), send(driver, body("debug", []))]
+    assert len(set(run)) == 1 and None not in run
+    assert resume == run[0]
+    assert len({*again, run[0]}) == 3  # the same prompt, three runs: three sessions
+
+
+def test_a_history_of_unknown_ids_falls_back_to_the_fingerprint(driver):
+    """Ids another router issued (or long expired): the conversation's fingerprint, the same
+    whatever its reminders."""
+    first = send(driver, body("other", call("call_x")))
+    second = send(driver, body("other", [*call("call_x"), *call("call_y")], reminder=False))
+    assert first == second and first.split("/", 1)[1].startswith("c-")
