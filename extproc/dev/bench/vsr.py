@@ -46,6 +46,7 @@ def load_script(path: str | Path) -> ModuleType:
     if spec is None or spec.loader is None:
         raise SystemExit(f"cannot import {path}")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
     original = module.response_record
 
