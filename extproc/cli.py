@@ -308,6 +308,14 @@ def _bench_soak(args: argparse.Namespace) -> int:
                                       window_s=args.window), as_json=args.json)
 
 
+def _bench_vsr(args: argparse.Namespace) -> int:
+    from .dev.bench.vsr import SCENARIOS, main
+
+    return main(args.script, args.config,
+                tuple(args.scenarios.split(",")) if args.scenarios else tuple(SCENARIOS),
+                args.output)
+
+
 def _eval_matrix(args: argparse.Namespace) -> int:
     from .dev.evaluation.cli import run
 
@@ -508,6 +516,16 @@ def build_parser() -> argparse.ArgumentParser:
     soak.add_argument("--config", default=None, help="default: config/example.yaml")
     soak.add_argument("--json", action="store_true", help="last stdout line is JSON")
     soak.set_defaults(func=_bench_soak)
+    vsr = bench_sub.add_parser(
+        "vsr", help="the Semantic Router's live benchmark through Envoy + saar, and direct to "
+        "one worker for its overhead figure")
+    vsr.add_argument("--script", required=True,
+                     help="path to their bench/agentic_routing_live_benchmark.py")
+    vsr.add_argument("--scenarios", default=None,
+                     help="comma-separated (default: balanced,stateful-heavy,tool-heavy)")
+    vsr.add_argument("--output", default="vsr-bench", help="their reports go here")
+    vsr.add_argument("--config", default=None, help="default: config/example.yaml")
+    vsr.set_defaults(func=_bench_vsr)
 
     evaluation = sub.add_parser("eval", help="offline evaluations of the routing engine")
     eval_sub = evaluation.add_subparsers(dest="eval_command", required=True)

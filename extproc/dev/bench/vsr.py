@@ -1,0 +1,92 @@
+"""``saar bench vsr``: the Semantic Router's own live benchmark (``bench/agentic_routing_live_benchmark.py``
+in vllm-project/semantic-router, Apache-2.0; the user gives its path, it is not part of this project)
+run through our Envoy + ``saar serve`` against simulated workers, and the same schedule sent
+directly to one worker (``--baseline-base-url``) for its router-overhead figure, in one run.
+
+Their script reads its diagnostics from ``x-vsr-*`` response headers. Only those names are mapped:
+the module is imported and its ``response_record`` wrapped so that each of our headers is also
+seen under their name; their file is not edited.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import yaml
+
+from ...adapter.contract import REPLAY_HEADER
+from ..harness import run_stack
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[3] / "config" / "example.yaml"
+HEADER_MAP = {
+    "x-vsr-selected-model": "x-saar-selected-model",
+    "x-vsr-selected-decision": "x-saar-decision",
+    "x-vsr-session-phase": "x-saar-session-phase",
+    "x-vsr-selected-confidence": "x-saar-confidence",
+    "x-vsr-replay-id": REPLAY_HEADER,
+    "x-vsr-context-token-count": "x-saar-context-tokens",
+    "x-vsr-matched-conversation": None,
+}
+"""Their header → ours (``adapter/contract.py``); None: we have no such diagnostic."""
+SCENARIOS = {"balanced": (32, 64), "stateful-heavy": (16, 48), "tool-heavy": (16, 48)}
+"""Scenario → (sessions, turns), as issue 15 measures them."""
+TARGETS_MS = {"balanced": 4.5, "stateful-heavy": 5.0, "tool-heavy": 5.0}
+"""p95 router overhead targets."""
+
+
+def load_script(path: str | Path) -> ModuleType:
+    """Import their script as a module and map its header names to ours."""
+    spec = importlib.util.spec_from_file_location("vsr_live_benchmark", Path(path))
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    original = module.response_record
+
+    def mapped(status: int, headers: dict[str, str], payload: str, started: float) -> Any:
+        record = original(status, headers, payload, started)
+        seen = record.get("headers") or {}
+        for theirs, ours in HEADER_MAP.items():
+            if ours is not None and ours in seen:
+                seen[theirs] = seen[ours]
+        return record
+
+    module.response_record = mapped
+    return module
+
+
+def run_scenario(module: ModuleType, argv: Sequence[str]) -> int:
+    """Their ``main`` with ``argv``; returns its exit code."""
+    saved = sys.argv
+    sys.argv = ["agentic_routing_live_benchmark.py", *argv]
+    try:
+        return int(module.main() or 0)
+    finally:
+        sys.argv = saved
+
+
+def main(script: str, config_path: str | None, scenarios: Sequence[str], output: str) -> int:
+    module = load_script(script)
+    config = yaml.safe_load(Path(config_path or DEFAULT_CONFIG).read_text())
+    out = Path(output)
+    results: dict[str, Any] = {}
+    with run_stack(config, workers_per_model=1, sim_args=["--time-scale", "0"]) as stack:
+        model, urls = next(iter(stack.sims.items()))
+        for scenario in scenarios:
+            sessions, turns = SCENARIOS[scenario]
+            argv = ["--base-url", stack.url.rstrip("/") + "/v1", "--model", "auto",
+                    "--include-previous-response-id", "--concurrency", "4",
+                    "--scenario", scenario, "--sessions", str(sessions), "--turns", str(turns),
+                    "--baseline-base-url", urls[0].rstrip("/") + "/v1", "--baseline-model", model,
+                    "--output-dir", str(out / scenario)]
+            code = run_scenario(module, argv)
+            results[scenario] = {"exit": code, "target_p95_ms": TARGETS_MS[scenario]}
+    print(json.dumps(results, indent=2))
+    return 0
