@@ -20,17 +20,18 @@ from typing import Any
 
 import yaml
 
-from ...adapter.contract import REPLAY_HEADER
+from ...adapter.contract import DIAGNOSTIC_HEADERS, REPLAY_HEADER
 from ..harness import run_stack
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[3] / "config" / "example.yaml"
+_OURS = {key: name for name, key in DIAGNOSTIC_HEADERS.items()}
 HEADER_MAP = {
-    "x-vsr-selected-model": "x-saar-selected-model",
-    "x-vsr-selected-decision": "x-saar-decision",
-    "x-vsr-session-phase": "x-saar-session-phase",
-    "x-vsr-selected-confidence": "x-saar-confidence",
+    "x-vsr-selected-model": _OURS["selected_model"],
+    "x-vsr-selected-decision": _OURS["decision"],
+    "x-vsr-session-phase": _OURS["session_phase"],
+    "x-vsr-selected-confidence": _OURS["confidence"],
     "x-vsr-replay-id": REPLAY_HEADER,
-    "x-vsr-context-token-count": "x-saar-context-tokens",
+    "x-vsr-context-token-count": _OURS["context_tokens"],
     "x-vsr-matched-conversation": None,
 }
 """Their header → ours (``adapter/contract.py``); None: we have no such diagnostic."""
