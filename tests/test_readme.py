@@ -1,0 +1,70 @@
+"""The front door stays true: every ``saar`` command the README and the docs show exists, with
+the flags they give it, and every page the README links to is there."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from extproc.cli import build_parser
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+_COMMAND = re.compile(r"(?:^|[`\s(])saar ((?:[a-z][a-z-]*)(?: [a-z][a-z-]*)?)((?: --?[a-z][a-z-]*)*)")
+
+
+def _shown() -> set[tuple[str, ...]]:
+    """(subcommand words..., flags...) of each ``saar`` command shown in code."""
+    found: set[tuple[str, ...]] = set()
+    for page in PAGES:
+        text = page.read_text()
+        code = re.findall(r"```[a-z]*\n(.*?)```", text, re.S) + re.findall(r"`([^`\n]+)`", text)
+        for block in code:
+            for line in block.splitlines():
+                for match in _COMMAND.finditer(line):
+                    words = tuple(match.group(1).split())
+                    flags = tuple(f for f in shlex.split(match.group(2) or "") if f.startswith("-"))
+                    found.add(words + flags)
+    return found
+
+
+def _resolve(words: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """The words that are subcommands, and the flags given."""
+    parser = build_parser()
+    path: list[str] = []
+    for word in [w for w in words if not w.startswith("-")]:
+        actions = [a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"]
+        if not actions or word not in actions[0].choices:  # type: ignore[attr-defined]
+            break
+        parser = actions[0].choices[word]  # type: ignore[attr-defined]
+        path.append(word)
+    return path, [w for w in words if w.startswith("-")]
+
+
+SHOWN = sorted(_shown())
+
+
+def test_the_pages_show_commands():
+    assert len(SHOWN) >= 10
+
+
+@pytest.mark.parametrize("shown", SHOWN, ids=" ".join)
+def test_every_shown_command_and_flag_exists(shown, capsys):
+    path, flags = _resolve(shown)
+    assert path, f"saar {' '.join(shown)}: no such command"
+    with pytest.raises(SystemExit) as ended:
+        build_parser().parse_args([*path, "--help"])
+    assert ended.value.code == 0
+    usage = capsys.readouterr().out
+    for flag in flags:
+        assert re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", usage), (
+            f"saar {' '.join(path)} has no flag {flag}")
+
+
+def test_every_linked_page_exists():
+    text = (ROOT / "README.md").read_text()
+    for target in re.findall(r"\]\(((?:docs/)?[\w./-]+\.md)\)", text):
+        assert (ROOT / target).exists(), target
