@@ -13,7 +13,8 @@ from extproc.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-_COMMAND = re.compile(r"(?:^|[`\s(])saar ((?:[a-z][a-z-]*)(?: [a-z][a-z-]*)?)((?: --?[a-z][a-z-]*)*)")
+_COMMAND = re.compile(
+    r"(?:^|[`\s(])saar ((?:[a-z][a-z-]*)(?: [a-z][a-z-]*)?)((?: --?[a-z][a-z-]*)*)")
 
 
 def _shown() -> set[tuple[str, ...]]:

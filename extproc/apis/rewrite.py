@@ -151,7 +151,9 @@ def _last_value(raw: bytes) -> list[tuple[int, int]]:
             if depth == 1:
                 last = key
         at = raw.find(b'"model"', at + 7)
-    return [] if last is None or seen > MAX_MODEL_KEYS else [(last.end(), _value_end(raw, last.end()))]
+    if last is None or seen > MAX_MODEL_KEYS:
+        return []
+    return [(last.end(), _value_end(raw, last.end()))]
 
 
 def _candidates(raw: bytes, thorough: bool) -> list[re.Match[bytes]]:

@@ -3,7 +3,6 @@ config sets (walked from the YAML, not from the schema the generator reads)."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import yaml

@@ -1,5 +1,6 @@
-"""``saar bench vsr``: the Semantic Router's own live benchmark (``bench/agentic_routing_live_benchmark.py``
-in vllm-project/semantic-router, Apache-2.0; the user gives its path, it is not part of this project)
+"""``saar bench vsr``: the Semantic Router's own live benchmark
+(``bench/agentic_routing_live_benchmark.py`` in vllm-project/semantic-router, Apache-2.0; the
+user gives its path, it is not part of this project)
 run through our Envoy + ``saar serve`` against simulated workers, and the same schedule sent
 directly to one worker (``--baseline-base-url``) for its router-overhead figure, in one run.
 
@@ -59,7 +60,7 @@ def load_script(path: str | Path) -> ModuleType:
                 seen[theirs] = seen[ours]
         return record
 
-    module.response_record = mapped
+    module.response_record = mapped  # type: ignore[attr-defined]
     return module
 
 
