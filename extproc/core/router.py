@@ -204,14 +204,14 @@ class Router:
             return False
         issued = facts.session.issued if facts.session is not None else ()
         tenant = request.identity.tenant
-        entry = self._table.get(request.identity.key or facts.session_key)
+        entry = self._table.get(_destination(request, facts))
         orphans = entry.orphans if entry is not None and entry.orphans else ()
         return any(scoped(tenant, i) not in facts.owners and i not in issued
                    and i not in orphans for i in newest)
 
     def orphaned(self, request: Request, facts: Facts) -> None:
         """A settle hold's bound passed with the request's newest ids still unissued."""
-        key = request.identity.key or facts.session_key
+        key = _destination(request, facts)
         if key is not None:
             self._table.touch(key).orphans = frozenset(request.summary.newest)
 
@@ -513,3 +513,9 @@ def diagnostics(
     return Diagnostics(replay_id, decision.model, decision.decision, decision.phase.value,
                        decision.action.value, f"{decision.confidence:.3f}",
                        str(request.context_tokens))
+
+
+def _destination(request: Request, facts: Facts) -> str | None:
+    """The session ``route`` will give the request: the one it names, else the one its chain
+    leads to, else its fallback (a chain that leads nowhere known)."""
+    return chained(request.identity, facts.session_key).key

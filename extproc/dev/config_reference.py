@@ -49,12 +49,10 @@ def _walk(node: dict[str, Any], defs: dict[str, Any], prefix: str) -> Iterator[
             yield from _walk(target, defs, key + ".")
             continue
         yield key, _type(sub, defs), _default(sub), _range(sub, defs)
-        item = _item(sub, defs)
-        if item is not None:
-            yield from _walk(item, defs, key + "[].")
-        value = _value(sub, defs)
-        if value is not None:
-            yield from _walk(value, defs, key + ".NAME.")
+        for where, suffix in (("items", "[]."), ("additionalProperties", ".NAME.")):
+            inner = _nested(sub, defs, where)
+            if inner is not None:
+                yield from _walk(inner, defs, key + suffix)
 
 
 def _object(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any] | None:
@@ -63,19 +61,13 @@ def _object(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any] | None
     return resolved if "properties" in resolved and "$ref" in node else None
 
 
-def _item(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any] | None:
+def _nested(node: dict[str, Any], defs: dict[str, Any], where: str) -> dict[str, Any] | None:
+    """The config class a list's items (``where="items"``) or a map's values
+    (``"additionalProperties"``) are, optional or not; None when they are plain values."""
     for branch in [node, *node.get("anyOf", [])]:
-        items = branch.get("items")
-        if isinstance(items, dict) and "properties" in _resolve(items, defs):
-            return _resolve(items, defs)
-    return None
-
-
-def _value(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any] | None:
-    for branch in [node, *node.get("anyOf", [])]:
-        extra = branch.get("additionalProperties")
-        if isinstance(extra, dict) and "properties" in _resolve(extra, defs):
-            return _resolve(extra, defs)
+        inner = branch.get(where)
+        if isinstance(inner, dict) and "properties" in _resolve(inner, defs):
+            return _resolve(inner, defs)
     return None
 
 

@@ -369,6 +369,25 @@ def test_ids_waited_for_in_vain_are_not_waited_for_again(session_config, clock):
     assert loop(RequestBody(chat(result="call_newer"))) == ["parse", "load", "hold settle"]
 
 
+def test_a_request_naming_no_session_does_not_wait_again_for_ids_given_up_on(
+        session_config, clock):
+    """No session header: the request follows its tool call's id, which no store knows; once
+    given up on, its conversation's session remembers it and the same ids route at once."""
+    loop = Loop(session_config, clock, shared=True)
+    anonymous = {":method": "POST", ":path": "/v1/chat/completions",
+                 "authorization": "Bearer k"}
+    loop(RequestHeaders(anonymous))
+    assert loop(RequestBody(chat(result="call_foreign"))) == ["parse", "load", "hold settle"]
+    assert loop(Woken("settle", late=True))[-1].split()[0] == "route"
+    loop(ResponseHeaders(200))
+    loop(ResponseBody(orjson.dumps({"choices": [{"message": {"content": "ok"}}]})))
+    loop(Closed())
+    loop.new()
+    loop(RequestHeaders(anonymous))
+    assert [c.split()[0] for c in loop(RequestBody(chat(result="call_foreign")))] == [
+        "parse", "load", "route"]
+
+
 def test_with_a_shared_store_the_session_is_loaded_early(session_config, clock):
     loop = Loop(session_config, clock, shared=True)
     assert loop(RequestHeaders(CHAT)) == ["load early", "continue request_headers"]

@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,10 +54,6 @@ class Cell:
     bytes: int
     median_ms: float
     p90_ms: float
-
-    def as_json(self) -> dict[str, Any]:
-        return {"variant": self.variant, "size": self.size, "bytes": self.bytes,
-                "median_ms": self.median_ms, "p90_ms": self.p90_ms}
 
 
 def _headers(values: dict[str, str]) -> ep.HttpHeaders:
@@ -171,5 +167,5 @@ def main(config_path: str | None, variants: Sequence[str], sizes: Sequence[str],
     cells = run(base, variants, sizes)
     print(format_table(cells), flush=True)
     if as_json:
-        print(json.dumps([c.as_json() for c in cells]), flush=True)
+        print(json.dumps([asdict(c) for c in cells]), flush=True)
     return 0
