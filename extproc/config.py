@@ -516,6 +516,71 @@ class Disaggregation:
 
 
 @dataclass(frozen=True, config=_SCHEMA)
+class PriorityClass:
+    """One priority class of flow control: how it ranks, waits and is shed."""
+
+    priority: StrictInt = 0
+    """Higher goes first among the queued requests of one program (a tenant's fair share and
+    its programs' attained service rank before it)."""
+    ttl_seconds: Annotated[Number, Field(gt=0, le=3600)] = 60.0
+    """The longest a request of this class waits in the queue (then 429, reason ``ttl``)."""
+    sheddable: StrictBool = False
+    """Refused (429, reason ``saturated``) rather than queued when its pool is saturated, and
+    the first evicted when a queue is full."""
+    ttft_seconds: Positive | None = None
+    """The class's time-to-first-token target (a request's header overrides it): placement
+    prefers workers predicted to meet it."""
+    tpot_seconds: Positive | None = None
+    """The class's per-output-token target (a request's header overrides it)."""
+
+
+def _default_classes() -> dict[str, PriorityClass]:
+    return {
+        "interactive": PriorityClass(priority=2, ttl_seconds=60.0, ttft_seconds=2.0),
+        "batch": PriorityClass(priority=1, ttl_seconds=300.0),
+        "sheddable": PriorityClass(priority=0, ttl_seconds=10.0, sheddable=True),
+    }
+
+
+@dataclass(frozen=True, config=_SCHEMA)
+class FlowControl:
+    """A queue per pool in front of the pick, entered only while the pool is saturated, and
+    dispatched fairly: tenants by weight, then the programs of a tenant (a root session with
+    its sub-agents) by least attained service, then priority class, then an open tool loop's
+    continuation before a new session's first turn (``docs/flow-control.md``)."""
+
+    enabled: StrictBool = False
+    queue_depth_threshold: AtLeastOne = 5
+    """A worker with this many requests waiting (as scraped, plus what was sent to it since)
+    is saturated (llm-d's saturation detector default)."""
+    kv_threshold: Fraction = 0.8
+    """A worker with this share of its KV cache in use is saturated."""
+    max_queued: AtLeastOne = 1000
+    """Requests one pool's queue holds; past it the worst-ranked sheddable one is evicted, or
+    the newcomer refused (reason ``queue_full``)."""
+    half_life_seconds: Positive = 60.0
+    """Attained service decays by half over this long (llm-d's program-aware fairness)."""
+    output_weight: NonNegative = 2.0
+    """An output token counts this many uncached input tokens of service (decode costs more)."""
+    tenant_weights: dict[Name, Positive] = field(default_factory=dict)
+    """Tenant → share weight (default 1): a tenant of weight 2 gets twice the service."""
+    classes: dict[Name, PriorityClass] = field(default_factory=_default_classes)
+    default_class: Name = "interactive"
+    class_header: HeaderName = "x-saar-class"
+    """The request header naming its class (an unknown name is the default class)."""
+    deadline_header: HeaderName = "x-saar-deadline-ms"
+    """Milliseconds the client will wait at most: the request is never queued past it."""
+    ttft_header: HeaderName = "x-saar-slo-ttft-ms"
+    tpot_header: HeaderName = "x-saar-slo-tpot-ms"
+    max_programs: AtLeastOne = 10_000
+    """Programs whose attained service is remembered (the oldest forgotten first)."""
+
+    def __post_init__(self) -> None:
+        if self.default_class not in self.classes:
+            raise ValueError(f"default_class {self.default_class!r} is not one of classes")
+
+
+@dataclass(frozen=True, config=_SCHEMA)
 class Scheduling:
     """Worker scoring inside a model's pool (weights as the Gateway API Inference Extension)."""
 
@@ -543,6 +608,7 @@ class Scheduling:
     hints: KvHintsConfig = field(default_factory=KvHintsConfig)
     discovery: Discovery = field(default_factory=Discovery)
     disaggregation: Disaggregation = field(default_factory=Disaggregation)
+    flow_control: FlowControl = field(default_factory=FlowControl)
     pool_name: Name | None = None
     """This process is the endpoint picker of that model's pool (``saar serve --pool-name``):
     only its workers, a pick always sent."""

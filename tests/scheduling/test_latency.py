@@ -1,0 +1,54 @@
+"""The online latency predictor: cold, then fitted; its errors are what it missed first."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from extproc.scheduling.latency import WARM_OBSERVATIONS, Features, LatencyPredictor
+
+
+def ttft(f: Features) -> float:
+    """A known truth: 0.05 s + 0.2 s per 1,000 uncached tokens + 0.3 s per waiting request."""
+    return 0.05 + 0.2 * f.uncached_tokens / 1000 + 0.3 * f.waiting
+
+
+def test_cold_pools_predict_nothing() -> None:
+    predictor = LatencyPredictor()
+    f = Features(1000, 1, 0, 0.2)
+    for _ in range(WARM_OBSERVATIONS - 1):
+        assert predictor.observed_ttft("m", f, 0.25) is None
+    assert predictor.ttft("m", f) is None
+    predictor.observed_ttft("m", f, 0.25)
+    assert predictor.ttft("m", f) == pytest.approx(0.25, rel=0.05)
+    assert predictor.ttft("other", f) is None
+
+
+def test_it_learns_a_linear_relation_and_reports_its_misses() -> None:
+    rng = random.Random(7)
+    predictor = LatencyPredictor()
+    for _ in range(300):
+        f = Features(rng.randrange(100, 30_000), rng.randrange(0, 8), rng.randrange(0, 6),
+                     rng.random())
+        predictor.observed_ttft("m", f, ttft(f))
+    for f in (Features(20_000, 2, 0, 0.5), Features(500, 4, 5, 0.9)):
+        assert predictor.ttft("m", f) == pytest.approx(ttft(f), rel=0.02)
+    error = predictor.median_error("ttft")
+    assert error is not None and error < 0.02
+
+
+@pytest.mark.parametrize(("running", "itl"), [(1, 0.012), (8, 0.026), (32, 0.074)])
+def test_inter_token_latency_grows_with_the_batch(running: int, itl: float) -> None:
+    predictor = LatencyPredictor()
+    for r in range(1, 40):
+        predictor.observed_itl("m", Features(0, r, 0, 0.5), 0.01 + 0.002 * r)
+    assert predictor.itl("m", Features(0, running, 0, 0.5)) == pytest.approx(itl, rel=0.05)
+
+
+def test_predictions_are_never_negative() -> None:
+    predictor = LatencyPredictor()
+    for n in range(20):
+        predictor.observed_ttft("m", Features(1000 * n, 0, 0, 0.0), 0.1 * n)
+    assert predictor.ttft("m", Features(0, 0, 0, 0.0)) == pytest.approx(0.0, abs=0.01)
+    assert predictor.ttft("m", Features(-50_000, 0, 0, 0.0)) == 0.0
