@@ -520,8 +520,8 @@ class PriorityClass:
     """One priority class of flow control: how it ranks, waits and is shed."""
 
     priority: StrictInt = 0
-    """Higher goes first among the queued requests of one program (a tenant's fair share and
-    its programs' attained service rank before it)."""
+    """Higher goes first among a tenant's queued requests (the tenants' fair share ranks
+    before it)."""
     ttl_seconds: Annotated[Number, Field(gt=0, le=3600)] = 60.0
     """The longest a request of this class waits in the queue (then 429, reason ``ttl``)."""
     sheddable: StrictBool = False
@@ -545,9 +545,9 @@ def _default_classes() -> dict[str, PriorityClass]:
 @dataclass(frozen=True, config=_SCHEMA)
 class FlowControl:
     """A queue per pool in front of the pick, entered only while the pool is saturated, and
-    dispatched fairly: tenants by weight, then the programs of a tenant (a root session with
-    its sub-agents) by least attained service, then priority class, then an open tool loop's
-    continuation before a new session's first turn (``docs/flow-control.md``)."""
+    dispatched fairly: tenants by weight, then priority class, then an open tool loop's
+    continuation, then the programs of a tenant (a root session with its sub-agents) by least
+    attained service, then a new session's first turn last (``docs/flow-control.md``)."""
 
     enabled: StrictBool = False
     queue_depth_threshold: AtLeastOne = 5

@@ -6,12 +6,15 @@ Saturation reads the signals the scorers read: a worker is saturated when its wa
 room its workers have left is taken by requests already dispatched from its queue.
 
 Dispatch ranks the queued requests by, in order: their tenant's attained service over its weight
-(fairness across tenants), their program's attained service (a program is a root session with
-its sub-agents: least attained service, so one program's burst of 200 sub-agents does not delay
-another program's turn), their class's priority, their phase (an open tool loop's continuation,
-whose KV is warm and whose end frees memory, before a middle turn, before a new session's first
-prefill), then arrival. Service is uncached input tokens plus ``output_weight`` × output tokens,
-decayed with a ``half_life_seconds`` half-life (llm-d's program-aware fairness).
+(fairness across tenants); their class's priority (what the client says matters); within a
+class, an open tool loop's continuation first (its KV is warm, and finishing it frees memory);
+then their program's attained service (a program is a root session with its sub-agents: least
+attained service, so one program's burst of 200 sub-agents does not delay another program's
+turn); a later turn before a new session's first prefill; then arrival. Service is uncached
+input tokens plus ``output_weight`` × output tokens, decayed with a ``half_life_seconds``
+half-life (llm-d's program-aware fairness). Class ranks above program because a new session is
+a new program, with no service yet: least attained service alone would put every first
+prefill ahead of the continuations.
 
 A request never waits past its class's TTL or its own deadline: the hold's timeout is the
 earlier of the two. Sheddable classes are refused while the pool is saturated (and whenever no
@@ -303,12 +306,13 @@ class FlowController:
 
     # -- ranking ---------------------------------------------------------------------------
 
-    def _rank(self, queued: _Queued) -> tuple[float, float, int, int, int]:
+    def _rank(self, queued: _Queued) -> tuple[float, int, bool, float, int, int]:
         arrival = queued.arrival
         weight = self.config.tenant_weights.get(arrival.tenant, 1.0)
         return (self.service(arrival.tenant) / weight,
-                self.service(arrival.tenant, arrival.program),
                 -self.config.classes[arrival.klass].priority,
+                arrival.phase != "continuation",
+                self.service(arrival.tenant, arrival.program),
                 PHASES.index(arrival.phase),
                 queued.order)
 

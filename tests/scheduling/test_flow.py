@@ -90,6 +90,15 @@ ORDER = [
                  id="within a program the higher class goes first"),
     pytest.param([arrival(phase="first"), arrival(phase="turn"), arrival(phase="continuation")],
                  [], [2, 1, 0], id="an open tool loop's continuation before a first prefill"),
+    pytest.param([arrival("a", "new", phase="first"), arrival("a", "old", phase="continuation")],
+                 [("a", "old", 40_000)], [1, 0],
+                 id="a continuation goes before a new program's first turn despite its service"),
+    pytest.param([arrival("a", "old", klass="batch", phase="continuation"),
+                  arrival("a", "new", phase="first")], [], [1, 0],
+                 id="the class ranks above the phase"),
+    pytest.param([arrival("a", "x", phase="continuation"), arrival("a", "y", phase="continuation")],
+                 [("a", "x", 10_000)], [1, 0],
+                 id="among continuations the program with less service goes first"),
 ]
 
 
