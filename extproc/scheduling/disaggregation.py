@@ -34,7 +34,8 @@ if TYPE_CHECKING:
 
 REASONS = ("no_prefill_worker", "prefill_busy", "never", "warm", "cold", "always")
 """Why a request of a pool with prefill workers was split or not (a bounded metric label): no
-healthy prefill worker; every prefill worker already has ``max_prefill_requests``; the mode
+healthy prefill worker; every prefill worker already has ``max_prefill_requests``, or more
+requests than the decode worker has waiting (a local prefill would start sooner); the mode
 says never; below the threshold of uncached tokens on the decode worker (``warm``: stays
 local); at or above it (``cold``: split); the mode says always."""
 
@@ -94,10 +95,12 @@ class Disaggregator:
         """``decode`` was picked from ``workers`` with ``matched`` prefix blocks per worker;
         None when the pool has no prefill worker at all (nothing to decide).
 
-        What ``decode`` holds is the larger of the prefix index's match and, when it is the
-        session's own worker, the session's previous prompt (``reused``): the session's record
-        knows that context was computed there even when the index has aged it out (an engine
-        offloads to host memory what the index forgets)."""
+        What ``decode`` holds is the larger of the prefix index's match and what is still in
+        its device or host memory of the prompts sent there (the engine offloads to host memory
+        what the index, sized by the device, forgets; past both tiers a tool-loop turn's
+        context is gone and it re-prefills: that is a cold turn). A prefill worker with
+        requests is worth queueing at only while the decode worker has as many waiting: with
+        fewer, a local prefill starts sooner than the prefill worker's queue drains."""
         if not any(w.prefills for w in workers):
             return None
         key = request.session_key
