@@ -507,9 +507,9 @@ class Disaggregation:
     max_prefill_requests: AtLeastOne = 2
     """A prefill worker with this many requests (running and waiting, as scraped) is full: a
     request finding every prefill worker full prefills on its decode worker rather than queue
-    behind them (first turns of new sessions arriving in a burst). In ``saar simulate
-    --scenario pd`` 2 lowers TTFT p99 at 96 sessions from 114 s (4) to 80 s at equal
-    throughput."""
+    behind them (first turns of new sessions arriving in a burst). A prefill worker with more
+    requests than the decode worker has waiting counts as full too: the local prefill starts
+    sooner."""
     scorers: dict[StrictStr, NonNegative] = field(
         default_factory=lambda: {"prefix": 3.0, "queue": 2.0, "kv_utilization": 1.0})
     """The prefill pick's own scorers (plugin names) and weights: prefix overlap and load."""

@@ -20,10 +20,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from ..apis import CHARS_PER_TOKEN
 from ..state.table import SessionTable
 from .filters import HealthyFilter, PrefillFilter
 from .picker import MaxScorePicker
 from .plugins import SCORERS, Context
+from .prefix_index import ApproximatePrefixIndex
 from .scheduler import Scheduler
 from .types import PrefixIndex, SchedulingRequest, Scorer, Worker
 
@@ -32,7 +34,8 @@ if TYPE_CHECKING:
 
 REASONS = ("no_prefill_worker", "prefill_busy", "never", "warm", "cold", "always")
 """Why a request of a pool with prefill workers was split or not (a bounded metric label): no
-healthy prefill worker; every prefill worker already has ``max_prefill_requests``; the mode
+healthy prefill worker; every prefill worker already has ``max_prefill_requests``, or more
+requests than the decode worker has waiting (a local prefill would start sooner); the mode
 says never; below the threshold of uncached tokens on the decode worker (``warm``: stays
 local); at or above it (``cold``: split); the mode says always."""
 
@@ -62,6 +65,10 @@ class Disaggregator:
         self.scheduler = scheduler
         self.tokens_per_block = tokens_per_block
         self._table = table or SessionTable(max_sessions=max_sessions, clock=time.monotonic)
+        self._held = ApproximatePrefixIndex(chars_per_block=tokens_per_block * CHARS_PER_TOKEN)
+        """What each decode worker still holds, on its device or in host memory: the prompts
+        sent there, least recently used out first (an engine offloads to host memory what
+        leaves the device; the scheduler's index is sized by the device alone)."""
 
     @classmethod
     def from_config(cls, scheduling: Scheduling, *, index: PrefixIndex, rng: random.Random,
@@ -88,27 +95,33 @@ class Disaggregator:
         """``decode`` was picked from ``workers`` with ``matched`` prefix blocks per worker;
         None when the pool has no prefill worker at all (nothing to decide).
 
-        What ``decode`` holds is the larger of the prefix index's match and, when it is the
-        session's own worker, the session's previous prompt (``reused``): the session's record
-        knows that context was computed there even when the index has aged it out (an engine
-        offloads to host memory what the index forgets)."""
+        What ``decode`` holds is the larger of the prefix index's match and what is still in
+        its device or host memory of the prompts sent there (the engine offloads to host memory
+        what the index, sized by the device, forgets; past both tiers a tool-loop turn's
+        context is gone and it re-prefills: that is a cold turn). A prefill worker with
+        requests is worth queueing at only while the decode worker has as many waiting: with
+        fewer, a local prefill starts sooner than the prefill worker's queue drains."""
         if not any(w.prefills for w in workers):
             return None
-        blocks = matched.get(decode, 0.0)
-        if decode == request.bound_worker:  # it computed the session's previous prompt
-            blocks = max(blocks, request.reused)
-        held = int(blocks * self.tokens_per_block)
-        uncached = max(0, request.prompt_tokens - held)
+        key = request.session_key
+        for worker in workers:
+            if worker.address == decode:
+                self._held.resize(worker, host=True)
+        blocks = max(matched.get(decode, 0.0),
+                     self._held.matched_blocks(decode, request.prompt_blocks))
+        self._held.routed(decode, request.prompt_blocks, request.reused)
+        uncached = max(0, request.prompt_tokens - int(blocks * self.tokens_per_block))
         mode = self.config.mode
         if mode == "never":
             return Split(None, "never", uncached)
         if mode == "session_aware" and uncached < self.config.threshold_tokens:
             return Split(None, "warm", uncached)
         full = self.config.max_prefill_requests
+        if mode == "session_aware":
+            full = min(full, 1 + _waiting(decode, workers))
         room = [w for w in workers if not w.prefills or _requests(w) < full]
         if mode == "session_aware" and not any(w.prefills for w in room):
             return Split(None, "prefill_busy", uncached)
-        key = request.session_key
         result = self.scheduler.schedule(
             replace(request, subset=None, pinned=None, bound_worker=self.bound(key),
                     matched=None), room if mode == "session_aware" else workers)
@@ -119,6 +132,11 @@ class Disaggregator:
             self._table.touch(key).prefill = prefill
         return Split(prefill, "always" if mode == "always" else "cold", uncached,
                      dict(result.total))
+
+
+def _waiting(address: str, workers: Sequence[Worker]) -> int:
+    """The requests waiting on the decode worker ``address``, as last scraped."""
+    return next((w.waiting for w in workers if w.address == address), 0)
 
 
 def _requests(worker: Worker) -> int:

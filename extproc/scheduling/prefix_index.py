@@ -80,10 +80,13 @@ class ApproximatePrefixIndex:
         view = self._workers.get(worker)
         return view is not None and block in view.refs
 
-    def resize(self, worker: Worker) -> None:
-        """Size ``worker``'s set like its reported KV cache (tokens * 4 chars / block chars), or
-        the default while it has reported none; shrinking evicts the least recent blocks."""
+    def resize(self, worker: Worker, *, host: bool = False) -> None:
+        """Size ``worker``'s set like its reported KV cache (tokens * 4 chars / block chars),
+        with ``host`` its host-memory tier too, or the default while it has reported none;
+        shrinking evicts the least recent blocks."""
         tokens = worker.capacity_tokens
+        if host and tokens is not None:
+            tokens += (worker.cpu_blocks or 0) * worker.block_size
         blocks = (
             self.default_capacity_blocks
             if tokens is None

@@ -16,8 +16,13 @@ from extproc.scheduling.types import SchedulingRequest, Worker
 TOKENS_PER_BLOCK = 16
 
 
-def pool(*prefill_loads: int, prefill_healthy: bool = True) -> list[Worker]:
-    decode = [Worker("d1", "m", role="decode"), Worker("d2", "m", role="decode")]
+DEVICE_BLOCKS = HOST_BLOCKS = 2000
+"""The decode workers' tiers: 32k tokens on the device, 32k in host memory."""
+
+
+def pool(*prefill_loads: int, prefill_healthy: bool = True, waiting: int = 0) -> list[Worker]:
+    decode = [Worker(f"d{i}", "m", role="decode", num_blocks=DEVICE_BLOCKS,
+                     cpu_blocks=HOST_BLOCKS, waiting=waiting) for i in (1, 2)]
     return decode + [Worker(f"p{i}", "m", role="prefill", running=load,
                             healthy=prefill_healthy)
                      for i, load in enumerate(prefill_loads)]
@@ -32,33 +37,61 @@ def disaggregator(mode: str = "session_aware", threshold: int = 1000) -> Disaggr
 
 def request(tokens: int, *, bound: str | None = None, reused: int = 0,
             session: str = "t/s") -> SchedulingRequest:
-    return SchedulingRequest("m", session, tuple(range(tokens // TOKENS_PER_BLOCK)), tokens,
-                             bound_worker=bound, reused=reused)
+    """A prompt of ``session``'s own blocks (sessions share none): its longer prompts extend
+    its shorter ones."""
+    base = 1_000_000 * int(session.removeprefix("t/s") or 0)
+    return SchedulingRequest("m", session, tuple(range(base, base + tokens // TOKENS_PER_BLOCK)),
+                             tokens, bound_worker=bound, reused=reused)
 
 
-@pytest.mark.parametrize(("mode", "tokens", "matched", "bound", "reused", "loads", "expected"), [
+Sent = tuple[tuple[str, str, int], ...]
+"""Earlier requests the disaggregator decided: (session, decode worker, prompt tokens)."""
+OWN: Sent = (("t/s", "d1", 20_000),)
+
+
+@pytest.mark.parametrize(
+    ("mode", "tokens", "matched", "before", "bound", "loads", "waiting", "expected"), [
     # a first turn: 20k tokens, nothing cached on the decode worker
-    ("session_aware", 20_000, 0, None, 0, (0,), ("p0", "cold", 20_000)),
+    ("session_aware", 20_000, 0, (), None, (0,), 0, ("p0", "cold", 20_000)),
     # the index holds most of it there: below the threshold, local
-    ("session_aware", 20_000, 1200, None, 0, (0,), (None, "warm", 800)),
-    # a tool-loop turn on its own worker: its previous prompt counts as held
-    ("session_aware", 20_400, 0, "d1", 1250, (0,), (None, "warm", 400)),
+    ("session_aware", 20_000, 1200, (), None, (0,), 0, (None, "warm", 800)),
+    # a tool-loop turn on its own worker: its previous prompt is held there
+    ("session_aware", 20_400, 0, OWN, "d1", (0,), 0, (None, "warm", 400)),
     # ... but not on another worker (the session moved: a re-prefill)
-    ("session_aware", 20_400, 0, "d2", 1250, (0,), ("p0", "cold", 20_400)),
+    ("session_aware", 20_400, 0, (("t/s", "d2", 20_000),), "d2", (0,), 0,
+     ("p0", "cold", 20_400)),
+    # ... still held when another session's prompt pushed it off the device into host memory
+    ("session_aware", 20_400, 0, (*OWN, ("t/s1", "d1", 20_000)), "d1", (0,), 0,
+     (None, "warm", 400)),
+    # ... gone when more than device and host memory hold came after it: a re-prefill
+    ("session_aware", 20_400, 0, (*OWN, ("t/s1", "d1", 25_000), ("t/s2", "d1", 25_000)),
+     "d1", (0,), 0, ("p0", "cold", 20_400)),
+    # ... the one that came after on another worker does not push it out
+    ("session_aware", 20_400, 0, (*OWN, ("t/s1", "d2", 25_000), ("t/s2", "d2", 25_000)),
+     "d1", (0,), 0, (None, "warm", 400)),
     # a tool result that adds more than the threshold: split even when warm
-    ("session_aware", 22_000, 0, "d1", 1250, (0,), ("p0", "cold", 2_000)),
+    ("session_aware", 22_000, 0, OWN, "d1", (0,), 0, ("p0", "cold", 2_000)),
     # every prefill worker full: prefill locally rather than queue behind them
-    ("session_aware", 20_000, 0, None, 0, (2, 5), (None, "prefill_busy", 20_000)),
+    ("session_aware", 20_000, 0, (), None, (2, 5), 3, (None, "prefill_busy", 20_000)),
+    # a busy prefill worker, nothing waiting on the decode worker: local prefill starts now
+    ("session_aware", 20_000, 0, (), None, (1,), 0, (None, "prefill_busy", 20_000)),
+    # ... with requests waiting there a local prefill would wait too: queue at the prefill worker
+    ("session_aware", 20_000, 0, (), None, (1,), 1, ("p0", "cold", 20_000)),
     # the least loaded prefill worker with room
-    ("session_aware", 20_000, 0, None, 0, (2, 1), ("p1", "cold", 20_000)),
-    ("always", 100, 0, "d1", 6, (3,), ("p0", "always", 4)),
-    ("never", 20_000, 0, None, 0, (0,), (None, "never", 20_000)),
+    ("session_aware", 20_000, 0, (), None, (2, 1), 1, ("p1", "cold", 20_000)),
+    ("always", 100, 0, (("t/s", "d1", 96),), "d1", (3,), 0, ("p0", "always", 4)),
+    ("never", 20_000, 0, (), None, (0,), 0, (None, "never", 20_000)),
 ])
-def test_the_split_decision(mode: str, tokens: int, matched: int, bound: str | None,
-                            reused: int, loads: tuple[int, ...],
+def test_the_split_decision(mode: str, tokens: int, matched: int, before: Sent,
+                            bound: str | None, loads: tuple[int, ...], waiting: int,
                             expected: tuple[str | None, str, int]) -> None:
-    split = disaggregator(mode).decide(request(tokens, bound=bound, reused=reused), "d1",
-                                       {"d1": matched, "d2": 0}, pool(*loads))
+    chooser = disaggregator(mode)
+    workers = pool(*loads, waiting=waiting)
+    for session, worker, sent in before:
+        chooser.decide(request(sent, session=session), worker, {}, workers)
+    reused = before[0][2] // TOKENS_PER_BLOCK if before else 0
+    split = chooser.decide(request(tokens, bound=bound, reused=reused), "d1",
+                           {"d1": matched, "d2": 0}, workers)
     assert split is not None
     assert (split.prefill, split.reason, split.uncached_tokens) == expected
     assert (split.scores != {}) == (split.prefill is not None)

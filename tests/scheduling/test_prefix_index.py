@@ -84,14 +84,19 @@ def test_a_wrong_hint_costs_time_not_accuracy() -> None:
 
 
 @pytest.mark.parametrize(
-    ("num_blocks", "block_size", "expected"),
-    [(None, 16, 100), (2048, 16, 2048), (1000, 1, 62)],  # tokens * 4 chars / 64 chars
+    ("num_blocks", "cpu_blocks", "block_size", "host", "expected"),
+    [(None, None, 16, False, 100), (2048, None, 16, False, 2048),
+     (1000, None, 1, False, 62),  # tokens * 4 chars / 64 chars
+     (2048, 1024, 16, False, 2048),  # the host tier counts only when asked
+     (2048, 1024, 16, True, 3072), (2048, None, 16, True, 2048),
+     (None, 1024, 16, True, 100)],  # no device size reported: the default
 )
 def test_capacity_follows_the_reported_kv_cache(
-    num_blocks: int | None, block_size: int, expected: int
+    num_blocks: int | None, cpu_blocks: int | None, block_size: int, host: bool, expected: int
 ) -> None:
     index = ApproximatePrefixIndex(chars_per_block=64, default_capacity_blocks=100)
-    index.resize(Worker("w", "m", num_blocks=num_blocks, block_size=block_size))
+    index.resize(Worker("w", "m", num_blocks=num_blocks, cpu_blocks=cpu_blocks,
+                        block_size=block_size), host=host)
     assert index.capacity("w") == expected
 
 

@@ -46,11 +46,14 @@ class Experiment:
     seed: int = 0
 
     headline_concurrency: int | None = None
-    """The load a scenario's JSON reports at its top level (default: the largest)."""
+    """The load a scenario's JSON reports at its top level (default, or when ``--concurrency``
+    leaves it out: the largest)."""
 
     @property
     def headline(self) -> str:
-        return str(self.headline_concurrency or max(self.concurrencies))
+        if self.headline_concurrency in self.concurrencies:
+            return str(self.headline_concurrency)
+        return str(max(self.concurrencies))
 
     def simulation(self, policy: str) -> Simulation:
         clock = VirtualClock()

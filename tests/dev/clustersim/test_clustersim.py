@@ -204,3 +204,11 @@ def test_an_adapter_waits_for_a_slot_and_its_load_is_counted() -> None:
     assert worker.running == [a] and worker.waiting == 1  # one slot, busy with x
     assert worker.adapter_loads == 1 and a.loaded_s == CostModel().adapter_load_s
     assert worker.adapter_names() == (frozenset({"x"}), frozenset({"y"}))
+
+
+@pytest.mark.parametrize(("concurrencies", "headline", "expected"), [
+    ((32, 96, 128), 96, "96"), ((32, 48), 96, "48"), ((32, 48), None, "48")])
+def test_the_headline_load_is_the_scenarios_unless_the_run_leaves_it_out(
+        concurrencies: tuple[int, ...], headline: int | None, expected: str) -> None:
+    assert Experiment(concurrencies=concurrencies,
+                      headline_concurrency=headline).headline == expected
