@@ -674,7 +674,7 @@ class Exchange:
                 self._router.refused(self._request, self._facts, exc)
         if isinstance(exc, RequestShed) and self._request is not None and (
                 self._facts is not None):
-            self._router.refused(self._request, self._facts, exc)
+            self._router.refused(self._request, self._facts, exc, self._holds)
         self.stage = Stage.DONE
         return [*self._release(), Refuse(exc, self.style)]
 

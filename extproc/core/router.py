@@ -485,8 +485,8 @@ class Router:
         if error is not None:
             self.metrics.prediction_error.labels("itl").observe(error)
 
-    def refused(self, request: Request, facts: Facts,
-                error: LockedModelDown | RequestShed) -> None:
+    def refused(self, request: Request, facts: Facts, error: LockedModelDown | RequestShed,
+                holds: Sequence[Held] = ()) -> None:
         """A decision that ends in a refusal still gets a record: the lock held, its model is
         out; flow control shed it. Sets ``error.replay_id``, so ``x-replay-id`` on the error
         explains it."""
@@ -495,7 +495,7 @@ class Router:
         replay_id = self._new_id()
         self.journal.decided(Decided(
             replay_id, self.clock(), request.summary, identity, error.decision, Placement(()),
-            state, None, request.headers.get("traceparent")))
+            state, None, request.headers.get("traceparent"), holds=tuple(holds)))
         self.journal.completed(replay_id, Outcome(
             status=error.status, refused=error.code, retry_after=error.retry_after))
         error.replay_id = replay_id

@@ -22,7 +22,9 @@ from .replay import Record, SessionKey, session_key
 Event = dict[str, Any]
 ROUTE_PARTS = ("parse", "identity", "load", "saar", "scheduling")
 HOLDS = {"paused": "admission paused the session", "locked": "its lock's model was out",
-         "large_body": "its large body waited for the budget"}
+         "large_body": "its large body waited for the budget",
+         "settle": "the issuer of what it continues was not known yet",
+         "queue": "its pool was saturated: it waited in flow control's queue"}
 
 
 @dataclass(slots=True)
@@ -180,7 +182,9 @@ def _marks(record: Record, outcome: dict[str, Any]) -> list[tuple[str, str]]:
                                                f"({HOLDS.get(hold['kind'], hold['kind'])})"))
     status = outcome.get("status")
     if (status is not None and status >= 400) or outcome.get("aborted"):
-        marks.append(("error", f"status {status}" if status else "aborted by the client"))
+        refused = f" ({outcome['refused']})" if outcome.get("refused") else ""
+        marks.append(("error", f"status {status}{refused}" if status
+                      else "aborted by the client"))
     return marks
 
 

@@ -73,7 +73,10 @@ def test_a_wait_past_the_ttl_is_shed_with_the_reason_and_a_record(loop):
     error = loop.commands[-1].error
     assert error.headers()["x-saar-drop-reason"] == "ttl"
     assert error.headers()["retry-after"] == "1"
-    assert error.replay_id is not None and loop.parts.replay.get(error.replay_id) is not None
+    assert error.replay_id is not None
+    record = loop.parts.replay.get(error.replay_id)
+    assert record["outcome"]["refused"] == "request_shed"
+    assert [h["kind"] for h in record["holds"]] == ["queue"]  # its wait is on its record
     body = orjson.loads(error.body("openai"))
     assert body["error"]["code"] == "request_shed"
     shed = loop.parts.metrics.flow_shed.labels("qwen3-32b", "interactive", "ttl")
