@@ -42,7 +42,9 @@ from .scheduling import (
     from_config,
 )
 from .scheduling.disaggregation import Disaggregator
+from .scheduling.flow import FlowController
 from .scheduling.kv_events import PreciseKVIndex, TierWeights
+from .scheduling.latency import LatencyPredictor
 from .scheduling.memo import BlockMemo
 from .scheduling.placement import PRECISE_BLOCK_SIZE, Pools
 from .scheduling.shared_pool import SharedKVPool
@@ -135,7 +137,8 @@ def assemble(
 
 def _pools(config: Config, clock: Clock, table: SessionTable, rng: random.Random) -> Pools:
     """The worker side: the registry, the prefix index (approximate, or precise with its
-    tokenizer, its tiers and a shared pool), the prompt memo, admission, the scheduler with
+    tokenizer, its tiers and a shared pool), the prompt memo, admission, flow control and its
+    latency predictor, the scheduler with
     its plugins, and with KV hints their emitter and the session-prefix index — each session's
     slots on ``table``."""
     scheduling = config.scheduling
@@ -156,9 +159,11 @@ def _pools(config: Config, clock: Clock, table: SessionTable, rng: random.Random
         index = ApproximatePrefixIndex.from_config(prefix)
     memo = BlockMemo(prefix.chars_per_block, table=table)
     admission = AdmissionController(scheduling.admission, clock=clock, table=table)
+    predictor = LatencyPredictor() if scheduling.flow_control.enabled else None
+    flow = FlowController(scheduling.flow_control, clock=clock, predictor=predictor)
     scheduler = from_config(scheduling, index=index, rng=rng, clock=clock,
                             max_sessions=config.memory.max_sessions,
-                            prefer=admission.preferred_worker, table=table)
+                            prefer=admission.preferred_worker, table=table, predictor=predictor)
     shared_pool = None
     if isinstance(index, PreciseKVIndex) and prefix.shared_pool.endpoint:
         shared_pool = SharedKVPool(index, objects_per_block=prefix.shared_pool.objects_per_block)
@@ -174,7 +179,8 @@ def _pools(config: Config, clock: Clock, table: SessionTable, rng: random.Random
         scheduling, index=index, rng=rng, tokens_per_block=tokens_per_block,
         max_sessions=config.memory.max_sessions, table=table)
     pools = Pools(config, registry=registry, index=index, memo=memo, admission=admission,
-                  scheduler=scheduler, table=table, tokenizer=tokenizer, shared_pool=shared_pool,
-                  hints=hints, sessions=sessions, disaggregation=disaggregation)
+                  scheduler=scheduler, table=table, flow=flow, tokenizer=tokenizer,
+                  shared_pool=shared_pool, hints=hints, sessions=sessions,
+                  disaggregation=disaggregation, predictor=predictor)
     table.leaving(pools.left)
     return pools

@@ -24,6 +24,8 @@ from typing import Any
 
 import orjson
 
+from .adapter.contract import DROP_REASON_HEADER
+
 _ANTHROPIC_TYPES = {
     400: "invalid_request_error",
     404: "not_found_error",
@@ -133,6 +135,25 @@ class TenantBusy(RateLimited):
     """The tenant already has its share of large bodies being read and routed."""
 
     code = "tenant_busy"
+
+
+class RequestShed(RateLimited):
+    """Flow control dropped the request (its pool saturated, its queue full, its wait past
+    its class's TTL or its deadline, or no worker predicted to meet its TTFT target): 429
+    with ``Retry-After`` and the reason in the drop-reason header."""
+
+    code = "request_shed"
+
+    def __init__(self, message: str, *, reason: str, klass: str, model: str, decision: Any,
+                 retry_after: int = 1) -> None:
+        super().__init__(message, retry_after=retry_after)
+        self.reason = reason
+        self.klass = klass
+        self.model = model
+        self.decision = decision
+
+    def headers(self) -> dict[str, str]:
+        return {**super().headers(), DROP_REASON_HEADER: self.reason}
 
 
 class ModelUnavailable(RoutingError):

@@ -33,6 +33,8 @@ CLUSTER_HEADER = "x-saar-cluster"
 DIAGNOSTIC_PREFIX = "x-saar-"
 REPLAY_HEADER = "x-replay-id"
 """The decision's record, on every answer (errors the processor gives included)."""
+DROP_REASON_HEADER = "x-saar-drop-reason"
+"""Why flow control shed the request (``scheduling.flow.REASONS``), on its 429."""
 
 DIAGNOSTIC_HEADERS = {
     REPLAY_HEADER: "replay_id",

@@ -42,6 +42,7 @@ from ..errors import (
     LockedModelDown,
     MalformedRequest,
     PathNotFound,
+    RequestShed,
     RoutingError,
     SessionPaused,
     TenantBusy,
@@ -53,11 +54,13 @@ from ..types import Api, ResponseSummary
 from .bodies import LargeBodies
 from .journal import Held
 from .paths import classify, error_style
-from .router import Request, Routed, Router, issued
+from .router import Queued, Request, Routed, Router, issued
 
 SERVED_APIS = "POST /v1/chat/completions, /v1/responses and /v1/messages"
 SETTLE_FIRST_SECONDS = 0.002
 """The first look again for an issuer not known yet; each later one waits twice as long."""
+QUEUE_LOOK_SECONDS = 2.0
+"""How often a queued request looks whether it was dispatched (its wake-up is the fast way)."""
 
 # -- events ----------------------------------------------------------------------------------
 
@@ -174,7 +177,8 @@ class Hold:
 
     Kinds: ``large_body`` (its tenant's large-body slots or bytes are busy), ``paused``
     (admission paused the session), ``locked`` (a hard lock's model is out), ``settle`` (the
-    issuer of the newest id it continues is not known yet)."""
+    issuer of the newest id it continues is not known yet), ``queue`` (flow control's queue of
+    a saturated pool)."""
 
     kind: str
     key: str
@@ -371,6 +375,8 @@ class _Answer:
     """A JSON answer's commit, written together with what its body carries."""
     claimed: list[str] = field(default_factory=list)
     sse: bool | None = None
+    begun: bool = False
+    """Its first event passed (the time to first token is learnt then)."""
     finished: bool = False
 
 
@@ -402,6 +408,8 @@ class Exchange:
         self._waiting: _Waiting | None = None
         self._holds: list[Held] = []
         self._locked_held = False
+        self._ticket: tuple[str, str] | None = None
+        """Flow control's ticket (and pool) while the request waits in its queue."""
         self._routed: Routed | None = None
         self._status = 0
         self._answer: _Answer | None = None
@@ -601,21 +609,52 @@ class Exchange:
 
     # -- routing ---------------------------------------------------------------------------
 
-    def _route(self, *, admit_paused: bool) -> list[Command]:
+    def _route(self, *, admit_paused: bool, admitted: bool = False) -> list[Command]:
         request, facts, inbound = self._request, self._facts, self._inbound
         assert request is not None and facts is not None and inbound is not None
         try:
             routed = self._router.route(request, facts, subset=inbound.subset,
-                                        admit_paused=admit_paused, holds=self._holds)
+                                        admit_paused=admit_paused, admitted=admitted,
+                                        holds=self._holds)
+        except Queued as queued:
+            return self._queue(queued, admit_paused)
         except RoutingError as exc:
             return self._failed(exc, admit_paused=admit_paused)
         self._routed = routed
         self.stage = Stage.ROUTED
+        wake: list[Command] = [Wake("queue", t) for t in routed.wake]
         if inbound.duplex:
             inbound.answered = True
             body = routed.body if routed.body is not None else request.summary.raw
-            return [Route(routed, body, True, inbound.remove, inbound.path, inbound.trailers)]
-        return [Route(routed, routed.body)]
+            return [*wake, Route(routed, body, True, inbound.remove, inbound.path,
+                                 inbound.trailers)]
+        return [*wake, Route(routed, routed.body)]
+
+    def _queue(self, queued: Queued, admit_paused: bool) -> list[Command]:
+        """Wait in flow control's queue until dispatched (then route, admitted), or until the
+        class's TTL or the client's deadline (then 429 with the drop reason). A look every
+        ``QUEUE_LOOK_SECONDS`` catches a dispatch whose wake-up was missed."""
+        entered = queued.entered
+        ticket = entered.ticket
+        assert ticket is not None
+        self._ticket = (ticket, queued.arrival.pool)
+        deadline = self._timer() + entered.timeout
+        wake: list[Command] = [Wake("queue", t) for t in (*entered.woken, *entered.evicted)]
+
+        def woken(late: bool) -> list[Command]:
+            left = deadline - self._timer()
+            verdict = self._router.queued(ticket, late=late or left <= 0)
+            if verdict == "wait":
+                return self._hold("queue", ticket, left, woken, due=min(QUEUE_LOOK_SECONDS, left))
+            self._ticket = None
+            if verdict == "go":
+                return self._route(admit_paused=admit_paused, admitted=True)
+            reason = entered.expiry if verdict == "expired" else verdict
+            error = self._router.shed(queued.arrival, queued.decision, reason)
+            return self._failed(error, admit_paused=admit_paused)
+
+        return [*wake, *self._hold("queue", ticket, entered.timeout, woken,
+                                   due=min(QUEUE_LOOK_SECONDS, entered.timeout))]
 
     def _failed(self, exc: RoutingError, *, admit_paused: bool) -> list[Command]:
         """A routing error: hold the request where a hold can help, else refuse it."""
@@ -633,6 +672,9 @@ class Exchange:
                                   due=min(due, seconds) if due > 0 else None)
             if self._request is not None and self._facts is not None and exc.replay_id is None:
                 self._router.refused(self._request, self._facts, exc)
+        if isinstance(exc, RequestShed) and self._request is not None and (
+                self._facts is not None):
+            self._router.refused(self._request, self._facts, exc)
         self.stage = Stage.DONE
         return [*self._release(), Refuse(exc, self.style)]
 
@@ -773,6 +815,9 @@ class Exchange:
         if not answer.sse:
             answer.finished = observer.done
             return writes
+        if not answer.begun:
+            answer.begun = True
+            self._router.first_token(answer.turn)
         fresh = [i for i in issued(observer.summary) if i not in answer.claimed]
         claim = self._router.claim(answer.turn, fresh)
         if claim is not None:
@@ -816,6 +861,9 @@ class Exchange:
         commands = self._release()
         if self._waiting is not None and self._waiting.kind == "large_body":
             self._waiting = None
+        if self._ticket is not None:  # the client left the queue
+            commands += [Wake("queue", t) for t in self._router.cancel(*self._ticket)]
+            self._ticket = None
         answer = self._answer
         if self._observing:
             if answer is not None and not answer.finished and answer.sse:
@@ -843,6 +891,8 @@ class Exchange:
             writes += self._router.finished(answer.turn, answer.observer.summary,
                                             answer.claimed)
         writes += self._router.ended(routed, summary, aborted=self._status == 0)
+        if routed.arrival is not None:  # a place in its pool is free: the queue's next goes
+            commands += [Wake("queue", t) for t in self._router.dispatch(routed.model)]
         self.stage = Stage.DONE
         return [*commands, Apply(tuple(writes))] if writes else commands
 

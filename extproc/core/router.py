@@ -28,8 +28,10 @@ from typing import NamedTuple
 
 from ..apis import Preambles, model_spans, parse_request, peek_model, rewrite_model, strip_preambles
 from ..config import Config
-from ..errors import LockedModelDown, RoutingError, SessionPaused
+from ..errors import LockedModelDown, RequestShed, RoutingError, SessionPaused
 from ..observability.metrics import Metrics
+from ..scheduling.flow import Arrival, Entered
+from ..scheduling.latency import Features
 from ..scheduling.placement import Placement, Pools, Prompt
 from ..state.memory import MemoryStore
 from ..state.records import Claim, Commit, Finish, Forget, Owner, SessionRecord, Turn, Write
@@ -98,11 +100,40 @@ class Routed:
     state): its body is read as it passes."""
     fresh: bool = False
     """The session had no record: if this turn is never answered, nothing of it is kept."""
+    arrival: Arrival | None = None
+    """What flow control knew of the request (None: flow control off, or Envoy balances)."""
+    wake: tuple[str, ...] = ()
+    """Flow control's tickets to wake now (dispatched, or evicted, by this request's entry)."""
 
     @property
     def workers(self) -> tuple[str, ...]:
         """The picked worker first, then fallbacks; empty when Envoy's balancer decides."""
         return self.placement.workers
+
+
+@dataclass(slots=True)
+class _Picked:
+    pool: str
+    features: Features
+    at: float
+    """Clock time of the pick (the TTFT runs from it)."""
+    first: float | None = None
+    """Clock time of the first token."""
+
+
+class Queued(Exception):
+    """The request's pool is saturated: it waits in flow control's queue as ``entered.ticket``
+    (not an error: a hold, woken when dispatched)."""
+
+    def __init__(self, entered: Entered, arrival: Arrival, decision: RoutingDecision) -> None:
+        super().__init__(entered.ticket)
+        self.entered = entered
+        self.arrival = arrival
+        self.decision = decision
+
+
+PICKED_BOUND = 10_000
+"""Requests whose pick's features wait for their first token (the oldest dropped past it)."""
 
 
 class Router:
@@ -140,6 +171,8 @@ class Router:
         self._streaming = 0
         self._stream_ended = -math.inf
         """Streamed answers that may issue ids, running here, and when the last one ended."""
+        self._picked: dict[str, _Picked] = {}
+        """replay id → the pick's features, for the latency predictor (flow control on)."""
 
     # -- the request path ------------------------------------------------------------------
 
@@ -243,11 +276,14 @@ class Router:
         *,
         subset: frozenset[str] | None = None,
         admit_paused: bool = False,
+        admitted: bool = False,
         holds: Sequence[Held] = (),
     ) -> Routed:
         """Decide where the request goes: model, then worker. Raises ``RoutingError`` (already
-        counted); ``SessionPaused`` unless ``admit_paused`` (a hold that timed out). ``holds``:
-        where the request waited before this call (recorded, and not counted as loading)."""
+        counted); ``SessionPaused`` unless ``admit_paused`` (a hold that timed out); ``Queued``
+        while its pool is saturated, unless ``admitted`` (flow control dispatched it).
+        ``holds``: where the request waited before this call (recorded, and not counted as
+        loading)."""
         began = time.perf_counter()
         summary = request.summary
         replay_id = self._new_id()
@@ -280,9 +316,11 @@ class Router:
                 owner = issuer(owners, summary.continued, None)
                 if owner is not None and owner.model == decision.model:
                     pinned = owner.worker
+            arrival = self._arrival(request, identity, state, decision.model, replay_id)
+            wake = () if arrival is None or admitted else self._enter(arrival, decision)
             placement = self.pools.place(
                 prompt, decision.model, identity.key, subset, bound=bound, pinned=pinned,
-                identity=identity,
+                identity=identity, ttft=arrival.ttft if arrival is not None else None,
             )
             body = None
             if decision.model != summary.model and self._rewrite:
@@ -323,6 +361,8 @@ class Router:
         if summary.stream and summary.may_issue:
             self._streaming += 1
         self.pools.started(placement, identity.key, summary.context_tokens)
+        if arrival is not None:
+            self._started(arrival, placement, replay_id, now, holds if admitted else ())
         if placement.worker is not None:
             self.metrics.worker_picks.labels(decision.model, placement.worker).inc()
         self._count(summary.api, decision)
@@ -340,11 +380,116 @@ class Router:
             decision.action is Action.LOCKED_KEEP,
             summary.may_issue,
             state is None,
+            arrival,
+            wake,
         )
 
-    def refused(self, request: Request, facts: Facts, error: LockedModelDown) -> None:
+    # -- flow control ----------------------------------------------------------------------
+
+    def _arrival(self, request: Request, identity: SessionIdentity,
+                 state: SessionRecord | None, model: str, replay_id: str) -> Arrival | None:
+        """The request as flow control sees it; None when flow control is off or Envoy
+        balances this model (a pool of one: nothing here counts its load)."""
+        flow = self.pools.flow
+        if not flow.enabled or not self.pools.scored(model):
+            return None
+        headers, summary = request.headers, request.summary
+        klass = flow.klass(headers)
+        wait, ttft = flow.targets(headers, klass)
+        if identity.parent_session_id is not None:
+            program = SessionIdentity(identity.tenant, identity.parent_session_id).key
+        else:
+            program = identity.key or replay_id
+        phase = ("continuation" if summary.pending_tool_results
+                 else "first" if state is None else "turn")
+        deadline = None if wait is None else self.clock() + wait
+        return Arrival(model, identity.tenant, program or replay_id, klass, phase,
+                       summary.context_tokens, deadline, ttft)
+
+    def _enter(self, arrival: Arrival, decision: RoutingDecision) -> tuple[str, ...]:
+        """Admit the request now (the tickets its entry dispatched or evicted, to wake), or
+        raise ``Queued`` or ``RequestShed``."""
+        entered = self.pools.flow.enter(arrival, self.pools.scored(arrival.pool))
+        if entered.shed is not None:
+            raise self.shed(arrival, decision, entered.shed)
+        if entered.ticket is not None:
+            raise Queued(entered, arrival, decision)
+        return (*entered.woken, *entered.evicted)
+
+    def shed(self, arrival: Arrival, decision: RoutingDecision, reason: str) -> RequestShed:
+        """The refusal of a request flow control drops for ``reason`` (counted)."""
+        self.metrics.flow_shed.labels(arrival.pool, arrival.klass, reason).inc()
+        messages = {
+            "saturated": f"every worker of {arrival.pool} is saturated and this request's "
+                         f"class ({arrival.klass}) is sheddable; retry shortly",
+            "queue_full": f"the queue of {arrival.pool} is full; retry shortly",
+            "evicted": "a request of a higher class took this one's place in the queue of "
+                       f"{arrival.pool}; retry shortly",
+            "ttl": f"this request waited the longest its class ({arrival.klass}) waits for "
+                   f"{arrival.pool}; retry shortly",
+            "deadline": "the request's deadline passed while it waited for "
+                        f"{arrival.pool}; retry with a longer deadline",
+            "slo": f"no worker of {arrival.pool} is predicted to meet this request's "
+                   "time-to-first-token target; retry shortly",
+        }
+        error = RequestShed(messages[reason], reason=reason, klass=arrival.klass,
+                            model=arrival.pool, decision=decision)
+        self.metrics.errors.labels(error.code).inc()
+        return error
+
+    def queued(self, ticket: str, *, late: bool) -> str:
+        """A queued request woke: ``go``, ``wait``, or why it is shed (``FlowController``)."""
+        return self.pools.flow.claim(ticket, late=late)
+
+    def cancel(self, ticket: str, pool: str) -> list[str]:
+        """A queued request went away: its place goes to the next (the tickets to wake)."""
+        self.pools.flow.cancel(ticket)
+        return self.dispatch(pool)
+
+    def dispatch(self, pool: str) -> list[str]:
+        """Tickets of ``pool`` flow control lets go now (the pool has room again)."""
+        return self.pools.dispatch(pool)
+
+    def _started(self, arrival: Arrival, placement: Placement, replay_id: str, now: float,
+                 holds: Sequence[Held]) -> None:
+        features = placement.features
+        uncached = arrival.tokens if features is None else int(features.uncached_tokens)
+        self.pools.flow.started(arrival, uncached, dispatched=bool(holds))
+        waited = [h for h in holds if h.kind == "queue"]
+        if waited:
+            self.metrics.flow_wait_seconds.labels(arrival.pool, arrival.klass).observe(
+                sum(h.until - h.since for h in waited))
+        if features is not None and self.pools.predictor is not None:
+            picked = self._picked
+            picked[replay_id] = _Picked(arrival.pool, features, now)
+            while len(picked) > PICKED_BOUND:
+                del picked[next(iter(picked))]
+
+    def first_token(self, turn: Turn) -> None:
+        """A streamed answer's first token passed: the predictor learns its TTFT."""
+        picked, predictor = self._picked.get(turn.replay_id), self.pools.predictor
+        if picked is None or predictor is None or picked.first is not None:
+            return
+        now = self.clock()
+        picked.first = now
+        error = predictor.observed_ttft(picked.pool, picked.features, now - picked.at)
+        if error is not None:
+            self.metrics.prediction_error.labels("ttft").observe(error)
+
+    def _learn_itl(self, turn: Turn, completion_tokens: int) -> None:
+        picked, predictor = self._picked.pop(turn.replay_id, None), self.pools.predictor
+        if picked is None or predictor is None or picked.first is None or completion_tokens < 2:
+            return
+        itl = (self.clock() - picked.first) / (completion_tokens - 1)
+        error = predictor.observed_itl(picked.pool, picked.features, itl)
+        if error is not None:
+            self.metrics.prediction_error.labels("itl").observe(error)
+
+    def refused(self, request: Request, facts: Facts,
+                error: LockedModelDown | RequestShed) -> None:
         """A decision that ends in a refusal still gets a record: the lock held, its model is
-        out. Sets ``error.replay_id``, so ``x-replay-id`` on the error explains it."""
+        out; flow control shed it. Sets ``error.replay_id``, so ``x-replay-id`` on the error
+        explains it."""
         identity = chained(request.identity, facts.session_key)
         state = facts.session if identity.key == facts.session_key else None
         replay_id = self._new_id()
@@ -408,11 +553,15 @@ class Router:
         session's final request forgets it."""
         turn = routed.turn
         usage = response.usage if response is not None else None
+        completion = usage.completion_tokens if usage else 0
         self.pools.finished(
             routed.placement, turn.session_key,
-            usage.prompt_tokens if usage else turn.context_tokens,
-            usage.completion_tokens if usage else 0,
+            usage.prompt_tokens if usage else turn.context_tokens, completion,
         )
+        arrival = routed.arrival
+        if arrival is not None:
+            self.pools.flow.finished(arrival.tenant, arrival.program, completion)
+            self._learn_itl(turn, completion)
         now = self.clock()
         if routed.stream and routed.reads_answer:
             self._streaming -= 1

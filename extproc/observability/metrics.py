@@ -69,6 +69,24 @@ class Metrics:
         self.paused_sessions = Gauge(
             "saar_admission_paused_sessions", "Sessions paused by admission", registry=r
         )
+        self.flow_queued = Gauge(
+            "saar_flow_queued", "Requests waiting in flow control's queue, by pool and class",
+            ["model", "class"], registry=r,
+        )
+        self.flow_wait_seconds = Histogram(
+            "saar_flow_wait_seconds", "Time requests waited in flow control's queue",
+            ["model", "class"], buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+            registry=r,
+        )
+        self.flow_shed = Counter(
+            "saar_flow_shed", "Requests flow control shed, by pool, class and reason",
+            ["model", "class", "reason"], registry=r,
+        )
+        self.prediction_error = Histogram(
+            "saar_latency_prediction_error_ratio",
+            "Relative error |predicted - observed| / observed of the latency predictor",
+            ["kind"], buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5), registry=r,
+        )
         self.worker_utilization = Gauge(
             "saar_admission_utilization", "Admission's KV utilization U per worker", ["worker"],
             registry=r,

@@ -199,8 +199,9 @@ class FlowController:
         state.queue[ticket] = queued
         self._tickets[ticket] = queued
         woken = self.dispatch(arrival.pool, workers)
-        if ticket in woken:
+        if ticket in woken:  # its own dispatch: it goes now, charged when placed
             self.claim(ticket, late=False)
+            self._charge(arrival.tenant, arrival.program, -arrival.tokens)
             return Entered(woken=tuple(t for t in woken if t != ticket), evicted=evicted)
         return Entered(ticket, left, woken=tuple(woken), evicted=evicted, expiry=expiry)
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import median
 
-from .types import Worker
+from .types import SchedulingRequest, Worker
 
 WARM_OBSERVATIONS = 8
 """Below this many observations of a pool its predictions are None (the scorer is neutral)."""
@@ -115,3 +115,35 @@ def _predict(fit: _Fit | None, row: tuple[float, ...]) -> float | None:
     if fit is None or fit.seen < WARM_OBSERVATIONS:
         return None
     return max(0.0, fit.predict(row))
+
+
+class SloScorer:
+    """Prefers the workers predicted to meet the request's TTFT target: 1 within it, then
+    target / predicted (a worker twice too slow scores 0.5). Neutral (1 everywhere) for a
+    request without a target or a pool the predictor has not learnt yet."""
+
+    name = "slo"
+
+    def __init__(self, predictor: LatencyPredictor | None) -> None:
+        self.predictor = predictor
+
+    def score(self, request: SchedulingRequest, workers: Sequence[Worker]) -> dict[str, float]:
+        target, predictor = request.ttft, self.predictor
+        if target is None or predictor is None:
+            return dict.fromkeys((w.address for w in workers), 1.0)
+        scores = {}
+        for worker in workers:
+            predicted = predictor.ttft(request.model, Features.of(
+                worker, uncached_tokens(request, worker.address)))
+            scores[worker.address] = (1.0 if predicted is None or predicted <= target
+                                      else target / predicted)
+        return scores
+
+
+def uncached_tokens(request: SchedulingRequest, address: str) -> float:
+    """The prompt tokens ``address`` would prefill: the share of its blocks not matched there
+    (what the scheduler measured, when it did)."""
+    blocks = len(request.prompt_blocks)
+    matched = request.matched.get(address, 0.0) if request.matched else 0.0
+    return request.prompt_tokens * (1.0 - min(matched, blocks) / blocks) if blocks else float(
+        request.prompt_tokens)

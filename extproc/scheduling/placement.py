@@ -35,8 +35,10 @@ from . import (
     WorkerRegistry,
 )
 from .disaggregation import Disaggregator, Split
+from .flow import FlowController
 from .kv_events import PreciseKVIndex
 from .kv_hints import KvHint, KvHintEmitter
+from .latency import Features, LatencyPredictor
 from .memo import BlockMemo
 from .session_prefix import SessionPrefixIndex
 from .shared_pool import SharedKVPool
@@ -83,6 +85,8 @@ class Placement:
     split: Split | None = None
     """The prefill/decode decision (None: no disaggregation configured); ``workers`` are the
     decode worker and its fallbacks."""
+    features: Features | None = None
+    """What the picked worker looked like (flow control on): its latency is learnt from them."""
 
     @property
     def worker(self) -> str | None:
@@ -105,11 +109,13 @@ class Pools:
         admission: AdmissionController,
         scheduler: Scheduler,
         table: SessionTable,
+        flow: FlowController,
         tokenizer: Tokenizer | None = None,
         shared_pool: SharedKVPool | None = None,
         hints: KvHintEmitter | None = None,
         sessions: SessionPrefixIndex | None = None,
         disaggregation: Disaggregator | None = None,
+        predictor: LatencyPredictor | None = None,
     ) -> None:
         """The parts come from ``extproc.assembly``; every per-session slot hangs on
         ``table``, whose leaving sessions this object lets go of (``left``)."""
@@ -128,6 +134,10 @@ class Pools:
         self.sessions = sessions
         self.disaggregation = disaggregation
         """Prefill/decode splitting, when the pool has prefill workers to split to."""
+        self.flow = flow
+        """The queue in front of the pick, while a pool is saturated (``flow_control``)."""
+        self.predictor = predictor
+        """The workers' TTFT and inter-token latency, learnt online (flow control on)."""
         self.table = table
         self.hints_out: deque[KvHint] = deque(maxlen=scheduling.hints.max_pending)
         """Hints made and not yet delivered, oldest first (the oldest dropped past the bound,
@@ -205,11 +215,13 @@ class Pools:
         bound: str | None = None,
         pinned: str | None = None,
         identity: SessionIdentity | None = None,
+        ttft: float | None = None,
     ) -> Placement:
         """Score ``model``'s workers; 503 when none is eligible, 429 when all are overloaded.
         ``bound`` is the session's worker (affinity), ``pinned`` a hard lock's worker, first
         while eligible; ``identity`` names the session's parent (a sub-agent goes where its
-        parent is) and its id on the wire (KV hints). A single-worker pool with no subset hint
+        parent is) and its id on the wire (KV hints); ``ttft`` its TTFT target (the SLO scorer's).
+        A single-worker pool with no subset hint
         is left to Envoy (nothing to choose), unless this process is an endpoint picker
         (``required``)."""
         pool = self.registry.pool(model)
@@ -222,7 +234,7 @@ class Pools:
         request = SchedulingRequest(
             model, session_key, blocks, prompt.request.context_tokens,
             subset, bound, pinned, reused, prompt._matched.get(model), parent,
-            adapter=model if self.registry.is_adapter(model) else None,
+            adapter=model if self.registry.is_adapter(model) else None, ttft=ttft,
         )
         result = self.scheduler.schedule(request, pool)
         if result.shed:
@@ -248,7 +260,20 @@ class Pools:
         if self.disaggregation is not None:  # the decode worker is picked: split or not
             split = self.disaggregation.decide(request, result.ordered[0],
                                                result.matched_blocks, pool)
-        return Placement(result.ordered, result, request.prompt_blocks, final, split)
+        features = None
+        if self.predictor is not None and self.flow.enabled:
+            picked = next(w for w in pool if w.address == result.ordered[0])
+            matched = result.matched_blocks.get(picked.address, 0.0) * self.tokens_per_block
+            features = Features.of(picked, max(0.0, prompt.request.context_tokens - matched))
+        return Placement(result.ordered, result, request.prompt_blocks, final, split, features)
+
+    def dispatch(self, model: str) -> list[str]:
+        """Flow control's tickets of ``model``'s queue that may go now."""
+        return self.flow.dispatch(model, self._scored_pool(model)) if self.flow.enabled else []
+
+    def scored(self, model: str) -> Sequence[Worker]:
+        """The workers of ``model`` this process picks among (none: Envoy balances)."""
+        return self._scored_pool(model)
 
     def started(self, placement: Placement, session_key: str | None, tokens: int) -> None:
         if placement.worker is None:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from ..state.table import SessionTable
 from .affinity import SessionAffinityScorer
+from .latency import LatencyPredictor, SloScorer
 from .lora import LoraAffinityScorer
 from .scorers import KvUtilizationScorer, PrefixScorer, QueueScorer
 from .sessions import ActiveSessionsScorer
@@ -33,6 +34,8 @@ class Context:
     max_sessions: int
     table: SessionTable | None = None
     """The session table scorers with per-session slots hang them on."""
+    predictor: LatencyPredictor | None = None
+    """The pool's online TTFT / ITL model (flow control's), which the SLO scorer reads."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +69,7 @@ SCORERS: dict[str, ScorerPlugin] = {plugin.name: plugin for plugin in (
     ScorerPlugin(SessionAffinityScorer.name, 1.0, lambda c: SessionAffinityScorer()),
     ScorerPlugin(ActiveSessionsScorer.name, 3.0, _active_sessions),
     ScorerPlugin(LoraAffinityScorer.name, 8.0, _lora_affinity),
+    ScorerPlugin(SloScorer.name, 2.0, lambda c: SloScorer(c.predictor)),
 )}
 
 

@@ -17,6 +17,7 @@ from ..config import Scheduling
 from ..state.table import SessionTable
 from .cost import DynamoCost
 from .filters import DecodeFilter, HealthyFilter, SubsetFilter
+from .latency import LatencyPredictor
 from .lora import LoraAffinityScorer
 from .picker import MaxScorePicker
 from .plugins import SCORERS, Context
@@ -168,6 +169,7 @@ def from_config(
     clock: Callable[[], float] = time.monotonic,
     prefer: Callable[[str | None], str | None] | None = None,
     table: SessionTable | None = None,
+    predictor: LatencyPredictor | None = None,
 ) -> Scheduler:
     """The scheduler ``config`` describes: the subset, healthy and decode-role filters, the
     named scorers (the
@@ -175,9 +177,10 @@ def from_config(
     form), a seeded max-score
     picker. ``clock`` ages the active-sessions scorer's placements (a simulator's virtual
     time); ``prefer`` is admission's ``preferred_worker``; ``table`` the session table the
-    active-sessions scorer's slots hang on (one of its own without it)."""
+    active-sessions scorer's slots hang on (one of its own without it); ``predictor`` the
+    latency model the SLO scorer reads (neutral without it)."""
     dynamo = config.cost_form == "dynamo"
-    context = Context(config, index, clock, max_sessions, table)
+    context = Context(config, index, clock, max_sessions, table, predictor)
     scorers: list[tuple[Scorer, float]] = [] if dynamo else [
         (SCORERS[name].make(context), weight) for name, weight in config.scorers.items() if weight]
     sessions = next((s for s, _ in scorers if isinstance(s, ActiveSessionsScorer)), None)

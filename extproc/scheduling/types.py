@@ -84,6 +84,8 @@ class SchedulingRequest:
     first turn goes where the parent is."""
     adapter: str | None = None
     """The LoRA adapter the request names (``model`` is then an adapter of a base model)."""
+    ttft: float | None = None
+    """Its time-to-first-token target in seconds (flow control's header or class), if any."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,6 @@
 """The service's background work, each loop a named task that is kept and stopped on shutdown:
-scraping workers' ``/metrics``, ticking session-aware admission, reloading the workers file,
+scraping workers' ``/metrics`` (then dispatching flow control's queues), ticking session-aware
+admission, reloading the workers file,
 (precise prefix mode) subscribing to the workers' KV events and a shared pool's, and delivering
 KV hints to the workers. All I/O is async; the core objects they feed stay synchronous."""
 
@@ -94,6 +95,21 @@ class Background:
     async def _scrape(self) -> None:
         targets = self._pools.scrape_targets()
         await asyncio.gather(*(self._scrape_one(a, url) for a, url in targets.items() if url))
+        if self._pools.flow.enabled:
+            self._dispatch()
+
+    def _dispatch(self) -> None:
+        """Fresh load signals may show room: wake what flow control dispatches; export the
+        queues' depth by pool and class (every pair, so an emptied queue reads 0)."""
+        pools, flow = self._pools, self._pools.flow
+        for model in self._config.models:
+            for ticket in pools.dispatch(model):
+                self._waker.wake("queue", ticket)
+        depth = flow.queued()
+        gauge = self._metrics.flow_queued
+        for model in self._config.models:
+            for klass in flow.config.classes:
+                gauge.labels(model, klass).set(depth.get((model, klass), 0))
 
     async def _scrape_one(self, address: str, url: str) -> None:
         assert self._session is not None

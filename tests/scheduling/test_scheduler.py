@@ -171,7 +171,7 @@ def test_from_config_builds_the_gie_defaults() -> None:
     s = from_config(Scheduling(), index=ApproximatePrefixIndex(), rng=random.Random(0))
     assert [(scorer.name, w) for scorer, w in s.scorers] == [
         ("prefix", 3.0), ("queue", 2.0), ("kv_utilization", 2.0), ("session_affinity", 1.0),
-        ("active_sessions", 3.0), ("lora_affinity", 8.0),
+        ("active_sessions", 3.0), ("lora_affinity", 8.0), ("slo", 2.0),
     ]
     assert [f.name for f in s.filters] == ["subset", "healthy", "decode_role"]
     observers = [o.name for o in s.observers]  # type: ignore[attr-defined]
