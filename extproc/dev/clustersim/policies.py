@@ -140,8 +140,9 @@ def build_policy(name: str, *, scheduling: Scheduling, block_size: int, seed: in
             tokens_per_block=block_size, clock=clock)
         return SchedulerPolicy(name, scheduler, index, disaggregator=disaggregator)
     if not name.startswith("kv_aware_admission"):
-        scheduler = from_config(scheduling, index=index, rng=rng, clock=clock)
         flow = None
+        scheduler = from_config(scheduling, index=index, rng=rng, clock=clock,
+                                predictor=predictor if name == "flow_control" else None)
         if name == "flow_control":
             flow = FlowController(replace(scheduling.flow_control, enabled=True), clock=clock,
                                   predictor=predictor)

@@ -160,6 +160,8 @@ class Simulation:
         self._queued: dict[str, tuple[_Run, Arrival, str]] = {}
         """Flow control's tickets → the turn waiting, its arrival, what its expiry is."""
         self._placed: dict[SimRequest, Features] = {}
+        self._pending: dict[str, float] = {}
+        """Worker → uncached tokens (the pick's estimate) of its turns with no first token."""
         """A turn's worker as the predictor saw it at the pick."""
         self._errors: list[float] = []
         self._warmup = 0.0
@@ -318,9 +320,13 @@ class Simulation:
         key, adapter = run.script.key, run.script.adapter
         views = self._refresh_views()
         flow = self.policy.flow if arrival is not None else None
-        subset = flow.unsaturated(views) or None if flow is not None and arrival.ttft is not None else None
+        subset, ttft = None, None
+        if flow is not None and arrival is not None:
+            ttft = arrival.ttft
+            subset = flow.unsaturated(views) or None if ttft is not None else None
         request = SchedulingRequest(adapter or self.cluster.model, key, tuple(blocks),
                                     step.prompt_tokens, subset=subset, bound_worker=run.worker,
+                                    ttft=ttft,
                                     pinned=run.worker if self.cluster.pin_tool_loops else None,
                                     reused=min(run.prompted // size, len(blocks)),
                                     parent_session=run.script.parent, adapter=adapter)
@@ -343,7 +349,9 @@ class Simulation:
         self._in_flight[sim_request] = (run, address)
         if self.policy.predictor is not None:
             view = next(v for v in views if v.address == address)
-            self._placed[sim_request] = Features.of(view, uncached)
+            self._placed[sim_request] = Features.of(view, uncached,
+                                                    self._pending.get(address, 0.0))
+            self._pending[address] = self._pending.get(address, 0.0) + uncached
         sim_request.placed_s = self.now
         if self.now >= self._warmup:
             self.metrics.dispatched(tool_loop=run.index > 0, split=pick.prefill is not None)
@@ -421,6 +429,8 @@ class Simulation:
         features = self._placed.pop(request, None)
         if features is None or self.policy.predictor is None:
             return
+        address = self._in_flight[request][1]
+        self._pending[address] -= features.uncached_tokens
         error = self.policy.predictor.observed_ttft(self.cluster.model, features,
                                                     self.now - request.placed_s)
         if error is not None and request.ready_s >= self._warmup:
