@@ -3,10 +3,11 @@
 A request's TTFT on a worker is mostly its own uncached prefill plus the work queued ahead of
 it; its inter-token latency grows with the batch it joins. Both are fitted as linear models of
 what the router measures at the pick — uncached prompt tokens, the worker's running and waiting
-requests, its KV use, the uncached prompt tokens it sent there still without a first token — by recursive least squares with a forgetting factor, one model per pool,
-so the fit follows a pool whose hardware or traffic changes. Each observation is first checked
-against the prediction made without it: that relative error is what ``errors`` reports (and the
-service exports), the honest measure of how far to trust the SLO scorer.
+requests, its KV use, the uncached prompt tokens it sent there still without a first token —
+by recursive least squares with a forgetting factor, one model per pool, so the fit follows a
+pool whose hardware or traffic changes. Each observation is first checked against the
+prediction made without it: that relative error is what ``errors`` reports (and the service
+exports), the honest measure of how far to trust the SLO scorer.
 """
 
 from __future__ import annotations

@@ -27,9 +27,9 @@ import time
 from dataclasses import dataclass, field, replace
 
 from ...config import PriorityClass, Scheduling, load_config
+from ...scheduling.latency import LatencyPredictor
 from .engine import CostModel, WorkerSpec
 from .metrics import RunMetrics, Share, percentile
-from ...scheduling.latency import LatencyPredictor
 from .policies import FAIRNESS_POLICIES, LORA_POLICIES, PD_POLICIES, POLICIES, build_policy
 from .simulation import ClusterSpec, Simulation, VirtualClock
 from .tiers import CPU, DISK, GPU
@@ -227,14 +227,14 @@ def _targets(found: dict[str, object], quiet: str) -> dict[str, object]:
         return None if a is None or not b else round(a / b, 3)
 
     flow, fcfs = policies.get("flow_control"), policies.get("fcfs")
-    interactive = {p: row["classes"].get("interactive", {}).get("slo_attainment")  # type: ignore[union-attr]
+    interactive = {p: row["classes"].get("interactive", {}).get("slo_attainment")  # type: ignore[attr-defined]
                    for p, row in policies.items()}
     gain = (None if interactive.get("flow_control") is None
             or interactive.get("kv_aware_admission") is None
             else round(100 * (interactive["flow_control"] - interactive["kv_aware_admission"]), 1))
     throughput = ratio(flow and flow["throughput_tok_s"], fcfs and fcfs["throughput_tok_s"])  # type: ignore[arg-type]
     waits = None if flow is None else all(
-        c["longest_wait_s"] <= c["ttl_s"] for c in flow["classes"].values())  # type: ignore[union-attr]
+        c["longest_wait_s"] <= c["ttl_s"] for c in flow["classes"].values())  # type: ignore[attr-defined]
     return {
         "quiet_p99_vs_alone": {"flow_control": ratio(tenant("flow_control", "ttft_p99_s"), base),
                                "fcfs": ratio(tenant("fcfs", "ttft_p99_s"), base), "bar": 1.5},

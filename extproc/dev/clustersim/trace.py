@@ -3,8 +3,9 @@
 A row is ``{"timestamp": ms, "input_length", "output_length", "hash_ids": [int...]}`` plus, for
 agentic traffic, ``session_id`` and ``delay`` (ms of tool time after the session's previous
 call ended), and for flow control ``tenant``, ``class`` (its priority class) and ``ttft_ms``
-(its TTFT target), read from a session's first row. Each hash id names one block of ``block_size`` tokens and rows share a prefix
-exactly when they share leading ids, so a trace carries cache behaviour without any content.
+(its TTFT target), read from a session's first row. Each hash id names one block of
+``block_size`` tokens and rows share a prefix exactly when they share leading ids, so a trace
+carries cache behaviour without any content.
 """
 
 from __future__ import annotations
