@@ -144,16 +144,21 @@ class FlowController:
 
     def room(self, pool: str, workers: Sequence[Worker]) -> int:
         """Requests the pool takes before it is saturated, less those already dispatched."""
-        config = self.config
-        room = 0
-        for worker in workers:
-            if not worker.healthy or not worker.decodes:
-                continue
-            if worker.kv_usage >= config.kv_threshold:
-                continue
-            room += max(0, config.queue_depth_threshold - self._waiting(worker))
+        room = sum(self._room(worker) for worker in workers)
         state = self._pools.get(pool)
         return room - (state.dispatched if state is not None else 0)
+
+    def unsaturated(self, workers: Sequence[Worker]) -> frozenset[str]:
+        """The workers with room: where a request flow control lets through is placed (the
+        pick's subset), so the room it was admitted against is the room it takes, not a
+        saturated worker's its prefix or session affinity prefers."""
+        return frozenset(w.address for w in workers if self._room(w) > 0)
+
+    def _room(self, worker: Worker) -> int:
+        config = self.config
+        if not worker.healthy or not worker.decodes or worker.kv_usage >= config.kv_threshold:
+            return 0
+        return max(0, config.queue_depth_threshold - self._waiting(worker))
 
     def _waiting(self, worker: Worker) -> int:
         """Waiting requests as scraped, plus those sent since the scrape (less those that

@@ -3,10 +3,11 @@
 A request's TTFT on a worker is mostly its own uncached prefill plus the work queued ahead of
 it; its inter-token latency grows with the batch it joins. Both are fitted as linear models of
 what the router measures at the pick — uncached prompt tokens, the worker's running and waiting
-requests, its KV use — by recursive least squares with a forgetting factor, one model per pool,
-so the fit follows a pool whose hardware or traffic changes. Each observation is first checked
-against the prediction made without it: that relative error is what ``errors`` reports (and the
-service exports), the honest measure of how far to trust the SLO scorer.
+requests, its KV use, the uncached prompt tokens it sent there still without a first token —
+by recursive least squares with a forgetting factor, one model per pool, so the fit follows a
+pool whose hardware or traffic changes. Each observation is first checked against the
+prediction made without it: that relative error is what ``errors`` reports (and the service
+exports), the honest measure of how far to trust the SLO scorer.
 """
 
 from __future__ import annotations
@@ -30,15 +31,21 @@ class Features:
     running: int
     waiting: int
     kv_usage: float
+    pending_tokens: float = 0.0
+    """Uncached prompt tokens of the requests the router sent this worker that have no first
+    token yet: the prefill queued ahead of this one (a chunked-prefill engine shares its
+    prefill budget among them, so it delays this request however few they are)."""
 
     @classmethod
-    def of(cls, worker: Worker, uncached_tokens: float) -> Features:
-        return cls(uncached_tokens, worker.running, worker.waiting, worker.kv_usage)
+    def of(cls, worker: Worker, uncached_tokens: float, pending_tokens: float = 0.0
+           ) -> Features:
+        return cls(uncached_tokens, worker.running, worker.waiting, worker.kv_usage,
+                   pending_tokens)
 
     def ttft_row(self) -> tuple[float, ...]:
         tokens = self.uncached_tokens / 1000.0
         return (1.0, tokens, float(self.waiting), float(self.running), self.kv_usage,
-                tokens * (self.waiting + 1))
+                tokens * (self.waiting + 1), self.pending_tokens / 1000.0)
 
     def itl_row(self) -> tuple[float, ...]:
         return (1.0, float(self.running), self.kv_usage)

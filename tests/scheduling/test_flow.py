@@ -46,6 +46,22 @@ def test_room_reads_waiting_and_kv(waiting: tuple[int, ...], kv: float, room: in
     assert flow.room("m", workers(*waiting, kv=kv)) == room
 
 
+@pytest.mark.parametrize(("waiting", "kv", "healthy", "unsaturated"), [
+    ((0, 4, 5), (0.1, 0.1, 0.1), (True, True, True), {"w0:8000", "w1:8000"}),
+    ((0, 0), (0.8, 0.5), (True, True), {"w1:8000"}),       # w0's KV at the threshold
+    ((0, 0), (0.1, 0.1), (False, True), {"w1:8000"}),      # w0 down
+    ((5, 6), (0.1, 0.1), (True, True), set()),             # a saturated pool: none
+])
+def test_unsaturated_names_the_workers_with_room(waiting: tuple[int, ...],
+                                                 kv: tuple[float, ...],
+                                                 healthy: tuple[bool, ...],
+                                                 unsaturated: set[str]) -> None:
+    flow, _ = controller()
+    pool = [Worker(f"w{i}:8000", "m", waiting=n, kv_usage=k, healthy=h, scraped_at=1.0)
+            for i, (n, k, h) in enumerate(zip(waiting, kv, healthy, strict=True))]
+    assert flow.unsaturated(pool) == unsaturated
+
+
 def test_requests_sent_since_the_scrape_count_as_waiting() -> None:
     flow, _ = controller(queue_depth_threshold=2)
     pool = workers(0)

@@ -52,3 +52,20 @@ def test_predictions_are_never_negative() -> None:
         predictor.observed_ttft("m", Features(1000 * n, 0, 0, 0.0), 0.1 * n)
     assert predictor.ttft("m", Features(0, 0, 0, 0.0)) == pytest.approx(0.0, abs=0.01)
     assert predictor.ttft("m", Features(-50_000, 0, 0, 0.0)) == 0.0
+
+
+def test_the_prefill_queued_ahead_is_learnt() -> None:
+    """A chunked-prefill engine shares its budget among the prompts it has not finished: the
+    tokens sent ahead (``pending_tokens``) delay a request however few requests they are."""
+    rng = random.Random(3)
+    predictor = LatencyPredictor()
+
+    def truth(f: Features) -> float:
+        return 0.05 + 0.2 * f.uncached_tokens / 1000 + 0.06 * f.pending_tokens / 1000
+
+    for _ in range(300):
+        f = Features(rng.randrange(100, 30_000), rng.randrange(0, 8), rng.randrange(0, 2),
+                     rng.random(), rng.randrange(0, 60_000))
+        predictor.observed_ttft("m", f, truth(f))
+    for f in (Features(1000, 4, 0, 0.5, 0), Features(1000, 4, 0, 0.5, 50_000)):
+        assert predictor.ttft("m", f) == pytest.approx(truth(f), rel=0.02)

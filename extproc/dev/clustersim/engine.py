@@ -120,6 +120,8 @@ class SimRequest:
     kv_blocks: int = 0
     first_token_s: float | None = None
     done_s: float | None = None
+    placed_s: float = 0.0
+    """When the router sent it (after any wait in its queue or hold)."""
 
 
 class EngineWorker:

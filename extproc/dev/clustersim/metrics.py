@@ -19,6 +19,46 @@ from .tiers import CPU, DISK, GPU
 
 
 @dataclass
+class Share:
+    """One tenant's or one class's part of a run (flow control's figures)."""
+
+    ttfts: list[float] = field(default_factory=list)
+    met: int = 0
+    """Turns whose first token came within their TTFT target."""
+    targeted: int = 0
+    """Turns with a TTFT target, shed ones included (a shed turn misses it)."""
+    shed: Counter[str] = field(default_factory=Counter)
+    """Turns refused, by reason (``flow.REASONS``)."""
+    tokens: int = 0
+    """Prompt and output tokens of its completed turns."""
+    longest_wait_s: float = 0.0
+    """The longest a turn that was served waited at the router (queued or held)."""
+    first_shed_s: float | None = None
+
+    def first_token(self, ttft: float, target: float | None) -> None:
+        self.ttfts.append(ttft)
+        if target is not None:
+            self.targeted += 1
+            self.met += ttft <= target
+
+    def refused(self, reason: str, target: float | None, now: float) -> None:
+        self.shed[reason] += 1
+        if self.first_shed_s is None:
+            self.first_shed_s = now
+        self.targeted += target is not None
+
+    def summary(self, duration_s: float) -> dict[str, object]:
+        return {
+            "ttft_p50_s": round(percentile(self.ttfts, 0.50), 3),
+            "ttft_p99_s": round(percentile(self.ttfts, 0.99), 3),
+            "slo_attainment": round(self.met / self.targeted, 4) if self.targeted else None,
+            "shed": sum(self.shed.values()),
+            "throughput_tok_s": round(self.tokens / max(duration_s, 1e-9), 1),
+            "turns": len(self.ttfts),
+        }
+
+
+@dataclass
 class RunMetrics:
     duration_s: float = 0.0
     turns: int = 0
@@ -49,6 +89,14 @@ class RunMetrics:
     """Hints delivered, by kind, and ``<kind>_ignored`` for those the engine did not apply."""
     kv_blocks: Counter[str] = field(default_factory=Counter)
     """Blocks in the workers' KV events, by ``stored|removed`` and medium (``stored CPU``)."""
+    tenants: dict[str, Share] = field(default_factory=dict)
+    classes: dict[str, Share] = field(default_factory=dict)
+    predictor_error: float | None = None
+    """The latency predictor's median relative TTFT error over the run, if one was fitted."""
+
+    def shares(self, tenant: str, klass: str) -> tuple[Share, Share]:
+        return (self.tenants.setdefault(tenant, Share()),
+                self.classes.setdefault(klass, Share()))
 
     def turn_done(self, prompt: int, cached: int, lower: Mapping[str, int], output: int,
                   reprefill: int) -> None:

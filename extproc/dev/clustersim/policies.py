@@ -15,6 +15,11 @@ the "load-only" baseline); ``round_robin`` is the one local picker.
 ``pd_session_aware`` are ``kv_aware`` (decode pick) with the server's ``Disaggregator`` in that
 mode (prefill pick by its own scorers): never split, split every request, split by the uncached
 tokens on the decode worker (``scheduling.disaggregation.threshold_tokens``).
+
+The fairness comparison: ``fcfs`` is ``kv_aware`` (no admission, no queue: every turn straight
+to the engines, first come first served in their queues); ``flow_control`` is ``kv_aware`` with
+the server's ``FlowController`` (``scheduling.flow_control``, enabled) in front of the pick,
+given the policy's ``LatencyPredictor``; ``kv_aware_admission`` is today's.
 """
 
 from __future__ import annotations
@@ -27,7 +32,9 @@ from ...apis import CHARS_PER_TOKEN
 from ...config import Scheduling
 from ...scheduling.admission import AdmissionController
 from ...scheduling.disaggregation import Disaggregator
+from ...scheduling.flow import FlowController
 from ...scheduling.kv_hints import KvHintEmitter
+from ...scheduling.latency import LatencyPredictor
 from ...scheduling.lora import LoraAffinityScorer
 from ...scheduling.prefix_index import ApproximatePrefixIndex
 from ...scheduling.scheduler import Scheduler, from_config
@@ -38,7 +45,8 @@ POLICIES = ("round_robin", "least_loaded", "kv_aware", "kv_aware_admission",
 """The default comparison (agent sessions, one model, no roles)."""
 PD_POLICIES = ("pd_never", "pd_always", "pd_session_aware")
 LORA_POLICIES = ("kv_aware", "lora_affinity")
-KNOWN = (*POLICIES, "lora_affinity", *PD_POLICIES)
+FAIRNESS_POLICIES = ("fcfs", "kv_aware_admission", "flow_control")
+KNOWN = (*POLICIES, "lora_affinity", *PD_POLICIES, "fcfs", "flow_control")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +62,8 @@ class RoundRobin:
     name = "round_robin"
     admission: AdmissionController | None = None
     hints: KvHintEmitter | None = None
+    flow: FlowController | None = None
+    predictor: LatencyPredictor | None = None
     tick_s = 0.0
 
     def __init__(self) -> None:
@@ -66,13 +76,18 @@ class RoundRobin:
 
 class SchedulerPolicy:
     """Routes with a ``Scheduler``; the index is sized from the workers' reported KV as the
-    server sizes it on each scrape."""
+    server sizes it on each scrape. ``predictor`` learns each turn's TTFT (the loop feeds it);
+    ``flow`` queues turns in front of the pick."""
 
     def __init__(self, name: str, scheduler: Scheduler, index: ApproximatePrefixIndex,
                  admission: AdmissionController | None = None, tick_s: float = 0.0,
                  hints: KvHintEmitter | None = None,
-                 disaggregator: Disaggregator | None = None) -> None:
+                 disaggregator: Disaggregator | None = None,
+                 flow: FlowController | None = None,
+                 predictor: LatencyPredictor | None = None) -> None:
         self.name = name
+        self.flow = flow
+        self.predictor = predictor
         self.scheduler = scheduler
         self.index = index
         self.admission = admission
@@ -96,9 +111,11 @@ class SchedulerPolicy:
 
 
 def build_policy(name: str, *, scheduling: Scheduling, block_size: int, seed: int,
-                 clock: Callable[[], float]) -> RoundRobin | SchedulerPolicy:
-    """``name`` from ``POLICIES``; ``scheduling`` is the server's config section (its prefix
-    blocks are set to the simulator's block of ``block_size`` tokens)."""
+                 clock: Callable[[], float], predictor: LatencyPredictor | None = None
+                 ) -> RoundRobin | SchedulerPolicy:
+    """``name`` from ``KNOWN``; ``scheduling`` is the server's config section (its prefix
+    blocks are set to the simulator's block of ``block_size`` tokens); ``predictor``, if
+    given, is fitted on the run's TTFTs (and ``flow_control``'s controller reads it)."""
     if name == "round_robin":
         return RoundRobin()
     if name not in KNOWN:
@@ -123,11 +140,17 @@ def build_policy(name: str, *, scheduling: Scheduling, block_size: int, seed: in
             tokens_per_block=block_size, clock=clock)
         return SchedulerPolicy(name, scheduler, index, disaggregator=disaggregator)
     if not name.startswith("kv_aware_admission"):
-        scheduler = from_config(scheduling, index=index, rng=rng, clock=clock)
-        return SchedulerPolicy(name, scheduler, index)
+        flow = None
+        scheduler = from_config(scheduling, index=index, rng=rng, clock=clock,
+                                predictor=predictor if name == "flow_control" else None)
+        if name == "flow_control":
+            flow = FlowController(replace(scheduling.flow_control, enabled=True), clock=clock,
+                                  predictor=predictor)
+        return SchedulerPolicy(name, scheduler, index, flow=flow, predictor=predictor)
     admission = replace(scheduling.admission, enabled=True)
     controller = AdmissionController(admission, clock=clock)
     hints = KvHintEmitter(clock=clock) if name == "kv_aware_admission_hints" else None
     scheduler = from_config(scheduling, index=index, rng=rng, clock=clock,
                             prefer=controller.preferred_worker)
-    return SchedulerPolicy(name, scheduler, index, controller, admission.tick_seconds, hints)
+    return SchedulerPolicy(name, scheduler, index, controller, admission.tick_seconds, hints,
+                           predictor=predictor)

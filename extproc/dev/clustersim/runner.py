@@ -10,6 +10,13 @@ long first prefills; never, always or session-aware splitting) or ``lora`` (a fl
 adapters on one base model; KV-aware with and without LoRA affinity). A scenario's JSON gives
 each policy's figures at its headline (most oversubscribed) load, and every load under
 ``loads``.
+
+``fairness`` plays two tenants at once: ``quiet``, interactive agent sessions with the class's
+TTFT target, and ``noisy``, whose every session bursts 16-32 sub-agents (batch, a quarter of
+them sheddable), under ``fcfs``, ``kv_aware_admission`` and ``flow_control``; and the quiet
+tenant alone. Its load is stated as oversubscription: the tokens per second the same tenants
+complete on a pool four times as large (offered: it never saturates) over those the pool
+completes under ``fcfs`` (its capacity).
 """
 
 from __future__ import annotations
@@ -19,10 +26,11 @@ import json
 import time
 from dataclasses import dataclass, field, replace
 
-from ...config import Scheduling, load_config
+from ...config import PriorityClass, Scheduling, load_config
+from ...scheduling.latency import LatencyPredictor
 from .engine import CostModel, WorkerSpec
-from .metrics import RunMetrics, percentile
-from .policies import LORA_POLICIES, PD_POLICIES, POLICIES, build_policy
+from .metrics import RunMetrics, Share, percentile
+from .policies import FAIRNESS_POLICIES, LORA_POLICIES, PD_POLICIES, POLICIES, build_policy
 from .simulation import ClusterSpec, Simulation, VirtualClock
 from .tiers import CPU, DISK, GPU
 from .trace import MOONCAKE_BLOCK_SIZE, read_trace, scripts_from_trace
@@ -55,11 +63,18 @@ class Experiment:
             return str(self.headline_concurrency)
         return str(max(self.concurrencies))
 
-    def simulation(self, policy: str) -> Simulation:
+    tenants: tuple[tuple[AgenticWorkload, int], ...] = ()
+    """The fairness scenario's tenants: each one's workload and its concurrent sessions."""
+
+    def simulation(self, policy: str, cluster: ClusterSpec | None = None) -> Simulation:
+        """A run of ``policy`` (on ``cluster``, default the experiment's); with tenants, its
+        policy fits a latency predictor."""
         clock = VirtualClock()
-        built = build_policy(policy, scheduling=self.scheduling,
-                             block_size=self.cluster.block_size, seed=self.seed, clock=clock)
-        return Simulation(self.cluster, built, clock)
+        cluster = cluster or self.cluster
+        built = build_policy(policy, scheduling=self.scheduling, block_size=cluster.block_size,
+                             seed=self.seed, clock=clock,
+                             predictor=LatencyPredictor() if self.tenants else None)
+        return Simulation(cluster, built, clock, self.scheduling.flow_control)
 
 
 @dataclass(frozen=True)
@@ -91,7 +106,21 @@ SCENARIOS: dict[str, Scenario] = {
             policies=LORA_POLICIES,
         ),
         "LoRA: 16 adapters (Zipf popularity) of one base model, 4 GPU slots per worker"),
+    "fairness": Scenario(
+        Experiment(
+            tenants=((AgenticWorkload(tenant="quiet", klass="interactive"), 8),
+                     (AgenticWorkload(tenant="noisy", klass="batch", subagent_probability=1.0,
+                                      subagents=(16, 32), turns=(3, 6), subagent_turns=(3, 8),
+                                      sheddable_fraction=0.25), 18)),
+            policies=FAIRNESS_POLICIES,
+        ),
+        "fairness: 8 quiet interactive agent sessions beside 18 noisy ones that each burst "
+        "16-32 sub-agents (batch, a quarter sheddable)"),
 }
+ALONE = ("fcfs", "flow_control")
+"""The policies the quiet tenant is also run under by itself."""
+OFFERED_SCALE = 4
+"""The offered load is measured on a pool this many times as large."""
 
 
 def run_matrix(experiment: Experiment) -> Results:
@@ -125,6 +154,124 @@ def scenario_json(name: str, experiment: Experiment, results: Results) -> dict[s
         policy: {**runs[headline].summary(),
                  "loads": {key: m.summary() for key, m in runs.items()}}
         for policy, runs in results.items()}}
+
+
+def run_fairness(experiment: Experiment) -> dict[str, object]:
+    """Every policy with all tenants, the first tenant alone, and the offered load."""
+    def play(policy: str, tenants: tuple[tuple[AgenticWorkload, int], ...],
+             cluster: ClusterSpec | None = None) -> RunMetrics:
+        return experiment.simulation(policy, cluster).run_tenants(
+            tenants, experiment.horizon_s, experiment.warmup_s)
+
+    tenants = experiment.tenants
+    runs = {policy: play(policy, tenants) for policy in experiment.policies}
+    quiet = tenants[0][0].tenant
+    alone = {policy: play(policy, tenants[:1]) for policy in ALONE}
+    big = replace(experiment.cluster, workers=experiment.cluster.workers * OFFERED_SCALE)
+    offered = play("fcfs", tenants, big).throughput
+    capacity = (runs.get("fcfs") or play("fcfs", tenants)).throughput
+    flow = experiment.scheduling.flow_control
+    policies = {}
+    for policy, m in runs.items():
+        classes = {}
+        for name, share in sorted(m.classes.items()):
+            klass = flow.classes[name]
+            classes[name] = {**share.summary(m.duration_s), "ttl_s": klass.ttl_seconds,
+                             "longest_wait_s": round(share.longest_wait_s, 3),
+                             "shed_by_reason": dict(sorted(share.shed.items()))}
+        policies[policy] = {
+            "throughput_tok_s": round(m.throughput, 1),
+            "prefix_hit_rate": round(m.hit_rate, 4),
+            "predictor_median_error": None if m.predictor_error is None
+            else round(m.predictor_error, 4),
+            "tenants": {t: share.summary(m.duration_s) for t, share in sorted(m.tenants.items())},
+            "classes": classes,
+            "sheddable_shed_first": _shed_first(m.classes, flow.classes),
+        }
+    found: dict[str, object] = {
+        "scenario": "fairness",
+        "load": {"workers": experiment.cluster.workers,
+                 "tenants": {w.tenant: {"sessions": n, "class": w.klass,
+                                        "subagent_class": w.subagent_class or w.klass,
+                                        "sheddable_fraction": w.sheddable_fraction}
+                             for w, n in tenants},
+                 "offered_tok_s": round(offered, 1), "capacity_tok_s": round(capacity, 1),
+                 "oversubscription": round(offered / max(capacity, 1e-9), 2)},
+        "policies": policies,
+        "alone": {quiet: {**alone["fcfs"].tenants[quiet].summary(alone["fcfs"].duration_s),
+                          "policy": "fcfs",
+                          "by_policy": {p: m.tenants[quiet].summary(m.duration_s)
+                                        for p, m in alone.items()}}},
+    }
+    found["targets"] = _targets(found, quiet)
+    return found
+
+
+def _shed_first(classes: dict[str, Share], config: dict[str, PriorityClass]) -> bool:
+    """No class that is not sheddable lost a turn before the sheddable ones lost theirs."""
+    first = [s.first_shed_s for n, s in classes.items()
+             if config[n].sheddable and s.first_shed_s is not None]
+    others = [s.first_shed_s for n, s in classes.items()
+              if not config[n].sheddable and s.first_shed_s is not None]
+    return not others or (bool(first) and min(first) <= min(others))
+
+
+def _targets(found: dict[str, object], quiet: str) -> dict[str, object]:
+    """Issue 20's figures, each beside its bar (missing policies: None)."""
+    policies: dict[str, dict[str, object]] = found["policies"]  # type: ignore[assignment]
+    alone: dict[str, dict[str, float]] = found["alone"]  # type: ignore[assignment]
+    base = alone[quiet]["ttft_p99_s"]
+
+    def tenant(policy: str, field_: str) -> float | None:
+        row = policies.get(policy)
+        return None if row is None else row["tenants"][quiet][field_]  # type: ignore[index]
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return None if a is None or not b else round(a / b, 3)
+
+    flow, fcfs = policies.get("flow_control"), policies.get("fcfs")
+    interactive = {p: row["classes"].get("interactive", {}).get("slo_attainment")  # type: ignore[attr-defined]
+                   for p, row in policies.items()}
+    gain = (None if interactive.get("flow_control") is None
+            or interactive.get("kv_aware_admission") is None
+            else round(100 * (interactive["flow_control"] - interactive["kv_aware_admission"]), 1))
+    throughput = ratio(flow and flow["throughput_tok_s"], fcfs and fcfs["throughput_tok_s"])  # type: ignore[arg-type]
+    waits = None if flow is None else all(
+        c["longest_wait_s"] <= c["ttl_s"] for c in flow["classes"].values())  # type: ignore[attr-defined]
+    return {
+        "quiet_p99_vs_alone": {"flow_control": ratio(tenant("flow_control", "ttft_p99_s"), base),
+                               "fcfs": ratio(tenant("fcfs", "ttft_p99_s"), base), "bar": 1.5},
+        "throughput_vs_fcfs": {"flow_control": throughput, "bar": 0.95},
+        "interactive_slo_points_over_admission": {"flow_control": gain, "bar": 20},
+        "predictor_median_error": {"flow_control": flow and flow["predictor_median_error"],
+                                   "bar": 0.25},
+        "waits_within_ttl": waits,
+        "sheddable_shed_first": None if flow is None else flow["sheddable_shed_first"],
+    }
+
+
+def render_fairness(found: dict[str, object]) -> str:
+    """One row per (policy, tenant): TTFT, SLO attainment, sheds, throughput."""
+    lines = [f"{'policy':<20} {'tenant':<8} {'ttft50':>7} {'ttft99':>7} {'slo':>6} "
+             f"{'shed':>5} {'tok/s':>8}"]
+    rows: list[tuple[str, str, dict[str, object]]] = []
+    for policy, row in found["policies"].items():  # type: ignore[attr-defined]
+        rows += [(policy, t, figures) for t, figures in row["tenants"].items()]
+        rows.append((policy, "all", {"throughput_tok_s": row["throughput_tok_s"]}))
+    for tenant, figures in found["alone"].items():  # type: ignore[attr-defined]
+        for policy, own in figures["by_policy"].items():
+            rows.append((f"alone ({policy})", tenant, own))
+    for policy, tenant, f in rows:
+        slo = f.get("slo_attainment")
+        lines.append(f"{policy:<20} {tenant:<8} {f.get('ttft_p50_s', ''):>7} "
+                     f"{f.get('ttft_p99_s', ''):>7} {'' if slo is None else f'{slo:.1%}':>6} "
+                     f"{f.get('shed', ''):>5} {f['throughput_tok_s']:>8.0f}")
+    load = found["load"]
+    lines.append(f"offered {load['offered_tok_s']:.0f} tok/s on {OFFERED_SCALE}x the pool, "  # type: ignore[index]
+                 f"capacity {load['capacity_tok_s']:.0f} tok/s: "  # type: ignore[index]
+                 f"{load['oversubscription']}x oversubscribed")  # type: ignore[index]
+    lines.append(f"targets {json.dumps(found['targets'])}")
+    return "\n".join(lines)
 
 
 def render_table(results: Results) -> str:
@@ -164,7 +311,7 @@ def render_table(results: Results) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="last stdout line is JSON")
     parser.add_argument("--scenario", choices=sorted(SCENARIOS), default="agents",
-                        help="the comparison: agents (default), pd or lora")
+                        help="the comparison: agents (default), pd, lora or fairness")
     parser.add_argument("--trace", help="replay a Mooncake JSONL trace instead of the workload")
     parser.add_argument("--trace-block-size", type=int, default=MOONCAKE_BLOCK_SIZE,
                         help="tokens per hash id in --trace")
@@ -197,6 +344,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     started = time.process_time()
     experiment = _experiment(args)
+    if experiment.tenants and not args.trace:
+        found = run_fairness(experiment)
+        print(_describe(experiment, None))
+        print(render_fairness(found))
+        print(f"cpu {time.process_time() - started:.1f}s")
+        if args.json:
+            print(json.dumps(found, separators=(",", ":")))
+        return 0
     results = run_trace(experiment, args.trace) if args.trace else run_matrix(experiment)
     print(_describe(experiment, args.trace))
     print(render_table(results))
@@ -224,7 +379,9 @@ def _describe(experiment: Experiment, trace: str | None) -> str:
 def _experiment(args: argparse.Namespace) -> Experiment:
     base = SCENARIOS[args.scenario].experiment
     experiment = replace(base, horizon_s=args.horizon, warmup_s=args.warmup, seed=args.seed,
-                         workload=replace(base.workload, seed=args.seed))
+                         workload=replace(base.workload, seed=args.seed),
+                         tenants=tuple((replace(w, seed=args.seed + n), c)
+                                       for n, (w, c) in enumerate(base.tenants)))
     if args.policies:
         experiment = replace(experiment, policies=tuple(p for p in args.policies.split(",") if p))
     if args.concurrency:

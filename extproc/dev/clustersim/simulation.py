@@ -10,6 +10,13 @@ With prefill workers (``ClusterSpec.prefill_workers``) a pick that names one is 
 decode worker's sidecar plays it: the prompt goes to the prefill worker first (a prefill-only
 request), then to the decode worker, which pulls the KV it lacks and decodes; the turn's TTFT
 runs from its arrival to the decode worker's first token.
+
+With flow control (``Policy.flow``, the server's ``FlowController``) a ready turn enters the
+pool's queue first: it is placed at once, queued (a ticket, woken by ``dispatch`` after an
+engine step frees room, or shed when its wait passes the class's TTL) or shed. A shed turn
+ends its session (the client gave up; a sub-agent's parent carries on without it). Every turn
+is counted against its tenant and class (TTFT, its target, sheds, tokens); a policy's
+``predictor`` learns each turn's TTFT from its worker's features at the pick.
 """
 
 from __future__ import annotations
@@ -19,17 +26,20 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from ...config import FlowControl
 from ...scheduling.admission import AdmissionTick
+from ...scheduling.flow import Arrival, FlowController
 from ...scheduling.kv_events import KVEvent
 from ...scheduling.kv_hints import KvHint, KvHintEmitter
+from ...scheduling.latency import Features, LatencyPredictor
 from ...scheduling.types import SchedulingRequest, Worker
 from .blocks import chain_ids
 from .engine import CostModel, EngineWorker, SimRequest, WorkerSpec
-from .metrics import RunMetrics
+from .metrics import RunMetrics, percentile
 from .policies import Pick
 from .workload import AgenticWorkload, Script
 
-_ARRIVE, _STEP, _TICK, _WARM = 0, 1, 2, 3
+_ARRIVE, _STEP, _TICK, _WARM, _EXPIRE = 0, 1, 2, 3, 4
 
 
 class Admission(Protocol):
@@ -54,6 +64,12 @@ class Policy(Protocol):
 
     @property
     def hints(self) -> KvHintEmitter | None: ...
+
+    @property
+    def flow(self) -> FlowController | None: ...
+
+    @property
+    def predictor(self) -> LatencyPredictor | None: ...
 
     def route(self, request: SchedulingRequest, workers: Sequence[Worker]) -> Pick: ...
 
@@ -105,10 +121,14 @@ class VirtualClock:
 
 
 class Simulation:
-    def __init__(self, cluster: ClusterSpec, policy: Policy, clock: VirtualClock) -> None:
+    def __init__(self, cluster: ClusterSpec, policy: Policy, clock: VirtualClock,
+                 flow_control: FlowControl | None = None) -> None:
+        """``flow_control``: the classes (and their TTFT targets) turns are counted against
+        (the policy's controller, if it has one, reads its own copy)."""
         self.cluster = cluster
         self.policy = policy
         self.clock = clock
+        self.classes = flow_control or FlowControl()
         self.metrics = RunMetrics()
         self.workers = [EngineWorker(f"10.0.0.{i + 1}:8000", cluster.worker, cluster.cost,
                                      cluster.block_size, self._kv_event)
@@ -133,8 +153,17 @@ class Simulation:
         self._held: list[_Run] = []
         self._in_flight: dict[SimRequest, tuple[_Run, str]] = {}
         self._live = 0
-        self._workload: AgenticWorkload | None = None
-        self._next_session = 0
+        self._loads: list[AgenticWorkload] = []
+        self._slot_load: list[int] = []
+        """Closed loop: slot → the workload (tenant) whose sessions fill it."""
+        self._next_session: list[int] = []
+        self._queued: dict[str, tuple[_Run, Arrival, str]] = {}
+        """Flow control's tickets → the turn waiting, its arrival, what its expiry is."""
+        self._placed: dict[SimRequest, Features] = {}
+        self._pending: dict[str, float] = {}
+        """Worker → uncached tokens (the pick's estimate) of its turns with no first token."""
+        """A turn's worker as the predictor saw it at the pick."""
+        self._errors: list[float] = []
         self._warmup = 0.0
 
     @property
@@ -145,11 +174,19 @@ class Simulation:
                    warmup_s: float = 0.0, ramp_s: float = 60.0) -> RunMetrics:
         """``concurrency`` top-level sessions at all times: each one that ends is replaced.
         Turns ready before ``warmup_s`` (cold caches, the ramp) are left out of the metrics."""
-        self._workload = workload
+        return self.run_tenants([(workload, concurrency)], horizon_s, warmup_s, ramp_s)
+
+    def run_tenants(self, loads: Sequence[tuple[AgenticWorkload, int]], horizon_s: float,
+                    warmup_s: float = 0.0, ramp_s: float = 60.0) -> RunMetrics:
+        """``run_closed`` for several workloads (tenants) at once, each at its concurrency."""
         self._warmup = warmup_s
-        self._next_session = concurrency
-        for slot in range(concurrency):
-            self._start(workload.session(slot, slot * ramp_s / concurrency), slot=slot)
+        for load, (workload, concurrency) in enumerate(loads):
+            self._loads.append(workload)
+            self._next_session.append(concurrency)
+            for index in range(concurrency):
+                self._slot_load.append(load)
+                self._start(workload.session(index, index * ramp_s / concurrency),
+                            slot=len(self._slot_load) - 1)
         return self._loop(horizon_s)
 
     def run_scripts(self, scripts: Iterable[Script], horizon_s: float | None = None) -> RunMetrics:
@@ -171,6 +208,8 @@ class Simulation:
                 self._on_step(obj)  # type: ignore[arg-type]
             elif kind == _WARM:
                 self._loads_before = sum(w.adapter_loads for w in self.workers)
+            elif kind == _EXPIRE:
+                self._expire(obj)  # type: ignore[arg-type]
             elif self._events or self._live:
                 self._tick()
         if horizon_s is not None:
@@ -179,6 +218,8 @@ class Simulation:
         self.metrics.adapter_loads = (sum(w.adapter_loads for w in self.workers)
                                       - self._loads_before)
         self._censor()
+        if self._errors:
+            self.metrics.predictor_error = percentile(self._errors, 0.5)
         return self.metrics
 
     def _push(self, at: float, kind: int, obj: object) -> None:
@@ -199,10 +240,74 @@ class Simulation:
         if admission is not None and admission.is_paused(run.script.key):
             self.metrics.held_turns += self.now >= self._warmup
             self._held.append(run)
+        elif self.policy.flow is not None:
+            self._enter(run, self.policy.flow)
         else:
             self._dispatch(run)
 
-    def _dispatch(self, run: _Run) -> None:
+    # -- flow control ------------------------------------------------------------------------
+
+    def _klass(self, run: _Run) -> str:
+        klass = run.script.klass
+        return klass if klass in self.classes.classes else self.classes.default_class
+
+    def _target(self, run: _Run) -> float | None:
+        found = run.script.ttft_s
+        return found if found is not None else self.classes.classes[self._klass(run)].ttft_seconds
+
+    def _enter(self, run: _Run, flow: FlowController) -> None:
+        script = run.script
+        arrival = Arrival(self.cluster.model, script.tenant, script.parent or script.key,
+                          self._klass(run), "continuation" if run.index else "first",
+                          script.steps[run.index].prompt_tokens, ttft=self._target(run))
+        entered = flow.enter(arrival, self._refresh_views())
+        for ticket in entered.evicted:
+            evicted, _, _ = self._queued.pop(ticket)
+            self._shed(evicted, flow.claim(ticket, late=False))
+        if entered.shed is not None:
+            self._shed(run, entered.shed)
+        elif entered.ticket is None:
+            self._dispatch(run, arrival)
+        else:
+            self._queued[entered.ticket] = (run, arrival, entered.expiry)
+            self._push(self.now + entered.timeout, _EXPIRE, entered.ticket)
+        self._wake(flow, entered.woken)
+
+    def _wake(self, flow: FlowController, tickets: Sequence[str]) -> None:
+        for ticket in tickets:
+            run, arrival, _ = self._queued.pop(ticket)
+            verdict = flow.claim(ticket, late=False)
+            if verdict == "go":
+                self._dispatch(run, arrival, dispatched=True)
+            else:
+                self._shed(run, verdict)
+
+    def _expire(self, ticket: str) -> None:
+        """A queued turn's wait ran out (its ticket is gone if it was woken in time)."""
+        found = self._queued.pop(ticket, None)
+        if found is None or self.policy.flow is None:
+            return
+        run, arrival, expiry = found
+        verdict = self.policy.flow.claim(ticket, late=True)
+        if verdict == "go":
+            self._dispatch(run, arrival, dispatched=True)
+        else:
+            self._shed(run, expiry if verdict == "expired" else verdict)
+
+    def _shed(self, run: _Run, reason: str) -> None:
+        """Refused: the client gives up on the session (a sub-agent's parent goes on)."""
+        if run.ready_s >= self._warmup:
+            target = self._target(run)
+            for share in self.metrics.shares(run.script.tenant, self._klass(run)):
+                share.refused(reason, target, self.now)
+        self._session_done(run)
+
+    # -- placing a turn ----------------------------------------------------------------------
+
+    def _dispatch(self, run: _Run, arrival: Arrival | None = None,
+                  dispatched: bool = False) -> None:
+        """Route ``run``'s turn and send it (``arrival``: it passed flow control, woken from
+        its queue if ``dispatched``)."""
         step = run.script.steps[run.index]
         size = self.cluster.block_size
         if step.hash_ids is not None:
@@ -213,14 +318,27 @@ class Simulation:
             done = run.script.stream.hashes(step.prompt_tokens + step.output_tokens)
             blocks = done[: step.prompt_tokens // size]
         key, adapter = run.script.key, run.script.adapter
+        views = self._refresh_views()
+        flow = self.policy.flow if arrival is not None else None
+        subset, ttft = None, None
+        if flow is not None and arrival is not None:
+            ttft = arrival.ttft
+            subset = flow.unsaturated(views) or None if ttft is not None else None
         request = SchedulingRequest(adapter or self.cluster.model, key, tuple(blocks),
-                                    step.prompt_tokens, bound_worker=run.worker,
+                                    step.prompt_tokens, subset=subset, bound_worker=run.worker,
+                                    ttft=ttft,
                                     pinned=run.worker if self.cluster.pin_tool_loops else None,
                                     reused=min(run.prompted // size, len(blocks)),
                                     parent_session=run.script.parent, adapter=adapter)
         run.prompted = step.prompt_tokens
-        pick = self.policy.route(request, self._refresh_views())
+        pick = self.policy.route(request, views)
         address = run.worker = pick.address
+        uncached = max(0, step.prompt_tokens - pick.matched_tokens)
+        if flow is not None and arrival is not None:
+            flow.started(arrival, uncached, dispatched)
+        if run.ready_s >= self._warmup:
+            for share in self.metrics.shares(run.script.tenant, self._klass(run)):
+                share.longest_wait_s = max(share.longest_wait_s, self.now - run.ready_s)
         admission = self.policy.admission
         priority = 0.0
         if admission is not None:
@@ -229,6 +347,12 @@ class Simulation:
         sim_request = SimRequest(key, step.prompt_tokens, step.output_tokens, blocks, done,
                                  run.ready_s, priority, adapter, remote=pick.prefill is not None)
         self._in_flight[sim_request] = (run, address)
+        if self.policy.predictor is not None:
+            view = next(v for v in views if v.address == address)
+            self._placed[sim_request] = Features.of(view, uncached,
+                                                    self._pending.get(address, 0.0))
+            self._pending[address] = self._pending.get(address, 0.0) + uncached
+        sim_request.placed_s = self.now
         if self.now >= self._warmup:
             self.metrics.dispatched(tool_loop=run.index > 0, split=pick.prefill is not None)
         if pick.prefill is not None:
@@ -277,8 +401,11 @@ class Simulation:
     def _on_step(self, worker: EngineWorker) -> None:
         first, done = worker.finish_step(self.now)
         for request in first:
-            if request.ready_s >= self._warmup and not request.prefill_only:
-                self.metrics.ttfts.append(self.now - request.ready_s)
+            if request.prefill_only:
+                continue
+            self._learn(request)
+            if request.ready_s >= self._warmup:
+                self._first_token(self._in_flight[request][0], request.ready_s)
         for request in done:
             if request.prefill_only:  # the sidecar's second call: to the decode worker
                 decode = self._handoffs.pop(request)
@@ -286,6 +413,28 @@ class Simulation:
             else:
                 self._turn_done(request)
         self._start_step(worker)
+        flow = self.policy.flow
+        if flow is not None and self._queued:
+            self._wake(flow, flow.dispatch(self.cluster.model, self._refresh_views()))
+
+    def _first_token(self, run: _Run, ready_s: float) -> None:
+        ttft = self.now - ready_s
+        self.metrics.ttfts.append(ttft)
+        target = self._target(run)
+        for share in self.metrics.shares(run.script.tenant, self._klass(run)):
+            share.first_token(ttft, target)
+
+    def _learn(self, request: SimRequest) -> None:
+        """The predictor learns the TTFT from the pick (the engine's part of it)."""
+        features = self._placed.pop(request, None)
+        if features is None or self.policy.predictor is None:
+            return
+        address = self._in_flight[request][1]
+        self._pending[address] -= features.uncached_tokens
+        error = self.policy.predictor.observed_ttft(self.cluster.model, features,
+                                                    self.now - request.placed_s)
+        if error is not None and request.ready_s >= self._warmup:
+            self._errors.append(error)
 
     def _turn_done(self, request: SimRequest) -> None:
         run, address = self._in_flight.pop(request)
@@ -294,9 +443,14 @@ class Simulation:
             reprefill = max(0, min(prompt, run.computed) - request.cached_tokens)
             self.metrics.turn_done(prompt, request.cached_tokens, request.lower_tokens, output,
                                    reprefill)
+            for share in self.metrics.shares(run.script.tenant, self._klass(run)):
+                share.tokens += prompt + output
             if request.first_token_s is not None and output > 1:
                 self.metrics.itls.append((self.now - request.first_token_s) / (output - 1))
         run.computed = prompt + output
+        if self.policy.flow is not None:
+            self.policy.flow.finished(run.script.tenant, run.script.parent or run.script.key,
+                                      output)
         admission, hints, key = self.policy.admission, self.policy.hints, run.script.key
         if admission is not None:
             admission.turn_finished(key, address, prompt, output)
@@ -330,9 +484,11 @@ class Simulation:
             run.parent.pending -= 1
             if run.parent.pending == 0:
                 self._advance(run.parent)
-        elif run.slot is not None and self._workload is not None:
-            self._next_session += 1
-            self._start(self._workload.session(self._next_session - 1, self.now), slot=run.slot)
+        elif run.slot is not None:
+            load = self._slot_load[run.slot]
+            self._next_session[load] += 1
+            self._start(self._loads[load].session(self._next_session[load] - 1, self.now),
+                        slot=run.slot)
 
     def _tick(self) -> None:
         admission = self.policy.admission
@@ -351,7 +507,10 @@ class Simulation:
 
     def _censor(self) -> None:
         """Turns still waiting for a first token at the end count with their wait so far."""
-        waiting = [run.ready_s for run in self._held]
-        waiting += [r.ready_s for r in self._in_flight if r.first_token_s is None]
+        waiting = [(run, run.ready_s) for run in self._held]
+        waiting += [(run, run.ready_s) for run, _, _ in self._queued.values()]
+        waiting += [(run, r.ready_s) for r, (run, _) in self._in_flight.items()
+                    if r.first_token_s is None]
         self.metrics.censored = len(waiting)
-        self.metrics.ttfts.extend(self.now - ready for ready in waiting)
+        for run, ready in waiting:
+            self._first_token(run, ready)

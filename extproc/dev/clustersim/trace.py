@@ -2,8 +2,10 @@
 
 A row is ``{"timestamp": ms, "input_length", "output_length", "hash_ids": [int...]}`` plus, for
 agentic traffic, ``session_id`` and ``delay`` (ms of tool time after the session's previous
-call ended). Each hash id names one block of ``block_size`` tokens and rows share a prefix
-exactly when they share leading ids, so a trace carries cache behaviour without any content.
+call ended), and for flow control ``tenant``, ``class`` (its priority class) and ``ttft_ms``
+(its TTFT target), read from a session's first row. Each hash id names one block of
+``block_size`` tokens and rows share a prefix exactly when they share leading ids, so a trace
+carries cache behaviour without any content.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ class TraceRow:
     hash_ids: tuple[int, ...]
     session_id: str | None = None
     delay_ms: float | None = None
+    tenant: str | None = None
+    klass: str | None = None
+    ttft_ms: float | None = None
 
 
 def read_trace(path: str | Path) -> list[TraceRow]:
@@ -46,6 +51,7 @@ def read_trace(path: str | Path) -> list[TraceRow]:
 def _row(data: dict[str, Any]) -> TraceRow:
     session = data.get("session_id")
     delay = data.get("delay")
+    tenant, klass, ttft = data.get("tenant"), data.get("class"), data.get("ttft_ms")
     row = TraceRow(
         timestamp_ms=float(data["timestamp"]),
         input_length=int(data["input_length"]),
@@ -53,6 +59,9 @@ def _row(data: dict[str, Any]) -> TraceRow:
         hash_ids=tuple(int(h) for h in data["hash_ids"]),
         session_id=None if session is None else str(session),
         delay_ms=None if delay is None else float(delay),
+        tenant=None if tenant is None else str(tenant),
+        klass=None if klass is None else str(klass),
+        ttft_ms=None if ttft is None else float(ttft),
     )
     if row.input_length < 1 or row.output_length < 0:
         raise ValueError("input_length must be >= 1 and output_length >= 0")
@@ -86,5 +95,8 @@ def scripts_from_trace(rows: Iterable[TraceRow]) -> list[Script]:
             )
             for i, row in enumerate(session_rows)
         )
-        scripts.append(Script(key, steps, start_s=(session_rows[0].timestamp_ms - origin) / 1000))
+        first = session_rows[0]
+        scripts.append(Script(key, steps, start_s=(first.timestamp_ms - origin) / 1000,
+                              tenant=first.tenant or "default", klass=first.klass,
+                              ttft_s=None if first.ttft_ms is None else first.ttft_ms / 1000))
     return scripts
