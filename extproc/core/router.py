@@ -318,6 +318,11 @@ class Router:
                     pinned = owner.worker
             arrival = self._arrival(request, identity, state, decision.model, replay_id)
             wake = () if arrival is None or admitted else self._enter(arrival, decision)
+            if arrival is not None:
+                room = self.pools.flow.placeable(arrival, self.pools.scored(arrival.pool),
+                                                 pinned)
+                if room is not None:
+                    subset = room if subset is None else (subset & room) or subset
             placement = self.pools.place(
                 prompt, decision.model, identity.key, subset, bound=bound, pinned=pinned,
                 identity=identity, ttft=arrival.ttft if arrival is not None else None,

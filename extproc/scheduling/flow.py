@@ -149,10 +149,19 @@ class FlowController:
         return room - (state.dispatched if state is not None else 0)
 
     def unsaturated(self, workers: Sequence[Worker]) -> frozenset[str]:
-        """The workers with room: where a request flow control lets through is placed (the
-        pick's subset), so the room it was admitted against is the room it takes, not a
-        saturated worker's its prefix or session affinity prefers."""
+        """The workers with room."""
         return frozenset(w.address for w in workers if self._room(w) > 0)
+
+    def placeable(self, arrival: Arrival, workers: Sequence[Worker],
+                  pinned: str | None) -> frozenset[str] | None:
+        """Where a request with a TTFT target may be placed (the pick's subset; None: no
+        limit): the workers with room, so the room it was admitted against is the room it
+        takes, not a saturated worker's that its prefix or session affinity prefers. Never for
+        a request a hard lock pins (its issuer serves it, whatever its load), nor when no
+        worker has room."""
+        if not self.config.enabled or arrival.ttft is None or pinned is not None:
+            return None
+        return self.unsaturated(workers) or None
 
     def _room(self, worker: Worker) -> int:
         config = self.config

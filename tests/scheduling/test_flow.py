@@ -255,3 +255,16 @@ def test_headers_name_class_and_targets(headers: dict[str, str], klass: str,
     flow, _ = controller()
     assert flow.klass(headers) == klass
     assert flow.targets(headers, klass) == (deadline, ttft)
+
+
+@pytest.mark.parametrize(("ttft", "pinned", "waiting", "placeable"), [
+    (2.0, None, (5, 0), frozenset({"w1:8000"})),   # a target: only the worker with room
+    (None, None, (5, 0), None),                    # no target: the scorers decide
+    (2.0, "w0:8000", (5, 0), None),                # a hard lock: its issuer, whatever its load
+    (2.0, None, (5, 5), None),                     # nobody has room: no limit
+])
+def test_a_targeted_request_is_placed_where_there_is_room(
+        ttft: float | None, pinned: str | None, waiting: tuple[int, ...],
+        placeable: frozenset[str] | None) -> None:
+    flow, _ = controller()
+    assert flow.placeable(arrival(ttft=ttft), workers(*waiting), pinned) == placeable

@@ -323,7 +323,8 @@ class Simulation:
         subset, ttft = None, None
         if flow is not None and arrival is not None:
             ttft = arrival.ttft
-            subset = flow.unsaturated(views) or None if ttft is not None else None
+            subset = flow.placeable(
+                arrival, views, run.worker if self.cluster.pin_tool_loops else None)
         request = SchedulingRequest(adapter or self.cluster.model, key, tuple(blocks),
                                     step.prompt_tokens, subset=subset, bound_worker=run.worker,
                                     ttft=ttft,
