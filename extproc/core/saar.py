@@ -352,10 +352,10 @@ class SaarEngine:
     ) -> tuple[CandidateTerms, ...]:
         """The terms a reset boundary's move to ``model`` is held by (none when the current
         model cannot keep the session). The boundary lifts the stickiness, not the price: after
-        a drift a warm prefix of ``drift_reset_warm_tokens`` or more is still cached, so a
-        step-down must pay for the cache it throws away as on any turn (a smaller one is cheap
-        to rebuild: the base choice is taken); after an idle one nothing is cached any more, so
-        it pays only its quality risk."""
+        a drift, when ``drift_reset_warm_tokens`` or more of this request are still cached, a
+        step-down must pay for the cache it throws away as on any turn (a smaller prefix is
+        cheap to rebuild: the base choice is taken); after an idle one nothing is cached any
+        more, so it pays only its quality risk."""
         models = self._config.models
         kept = models.get(state.model)
         if kept is None or kept.context_window < request.context_tokens or not (
@@ -363,7 +363,10 @@ class SaarEngine:
         ):
             return ()
         if reset == "drift":
-            if _warm(state, cached_tokens) < knobs.drift_reset_warm_tokens:
+            # The prefix this request resends; a chain's state held by the provider is the
+            # provider-state lock's business, not the prefix cache's.
+            warm = min(_warm(state, cached_tokens), request.context_tokens)
+            if warm < knobs.drift_reset_warm_tokens:
                 return ()
             return self._price(request, state, base, knobs, cached_tokens)
         scores = self._scores(state, base)
