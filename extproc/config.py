@@ -178,6 +178,11 @@ class SessionAware:
     stronger one again (hard turns come in runs). A step-down's quality risk is the chance of at
     least one such turn, ``1 − (1 − rate)^remaining``, times the fit that turn loses on the weaker
     model, priced at the rate the hybrid score trades fit for price."""
+    drift_reset_warm_tokens: Count = 4096
+    """From this many tokens of the request warm on the session's current model (measured on
+    its best worker, else the backend's reported hit ratio), a drift reset's step-down must pay for
+    itself, the cache it throws away counted, as on any turn; below it the reset takes the base
+    choice (a small prefix is cheap to rebuild). 0: always priced."""
 
 
 @dataclass(frozen=True, config=_SCHEMA)

@@ -114,6 +114,8 @@ class RequestSummary:
     conversation: str | None = None
     opening: bool = False
     """No answer of a model is in the history yet: the conversation's first request."""
+    answer_mark: str | None = None
+    """The mark of the newest answer text in the history (``apis.answer_mark``)."""
     may_issue: bool = True
     """The answer may carry ids the router must own: tools are offered (a call may come back),
     the API issues response ids (Responses), or signed thinking was asked for (Messages)."""
@@ -139,14 +141,15 @@ class RequestSummary:
     @property
     def trail(self) -> str | None:
         """The newest id in the history that a model's answer issued (the previous response,
-        else the last tool call, else the last provider state): whoever got it is the session
-        this request continues, when it names none."""
+        else the last tool call, else the last provider state, else the mark of the last
+        answer's text): whoever got it is the session this request continues, when it names
+        none."""
         if self.previous_response_id:
             return self.previous_response_id
         for ids in (self.tool_call_ids, self.provider_state, self.tool_result_ids):
             if ids:
                 return ids[-1]
-        return None
+        return self.answer_mark
 
     @property
     def newest(self) -> tuple[str, ...]:
@@ -178,3 +181,5 @@ class ResponseSummary:
     provider_state: list[str] = field(default_factory=list)
     usage: Usage | None = None
     finish_reason: str | None = None
+    text: str = ""
+    """The head of the answer's text (Chat), which its mark is made of (``apis.answer_mark``)."""

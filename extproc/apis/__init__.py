@@ -6,7 +6,7 @@ the parse of a body, the rendering of its entries, the reading of its answer. Th
 package knows none of them and dispatches through ``formats.FORMATS``.
 """
 
-from .common import fingerprint
+from .common import answer_mark, fingerprint
 from .normalise import DEFAULT_PREAMBLES, Preambles, strip_preambles
 from .observer import ResponseObserver
 from .parse import CHARS_PER_TOKEN, parse_request
@@ -18,6 +18,7 @@ __all__ = [
     "DEFAULT_PREAMBLES",
     "Preambles",
     "ResponseObserver",
+    "answer_mark",
     "chain_hashes",
     "fingerprint",
     "model_spans",

@@ -17,6 +17,7 @@ from ..types import ResponseSummary, Usage
 from .common import (
     Facts,
     Turn,
+    answer_mark,
     as_dict,
     as_list,
     canonical_json,
@@ -27,6 +28,7 @@ from .common import (
     latest,
     nonempty_str,
     record_call,
+    record_text,
     text,
 )
 
@@ -53,12 +55,14 @@ def parse(body: dict[str, Any]) -> Facts:
     call_ids: list[str] = []
     answered = previous = -1  # the last assistant message, and the one before it
     first_user = -1
+    said = ""  # the newest answer's text
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict):
             raise MalformedRequest(f'"messages[{i}]" must be an object')
         role = msg.get("role")
         if role == "assistant":
             answered, previous = i, answered
+            said = text(msg.get("content")) or said
             for call in as_list(msg.get("tool_calls")):
                 if isinstance(call, dict) and (call_id := nonempty_str(call.get("id"))):
                     call_ids.append(call_id)
@@ -89,6 +93,7 @@ def parse(body: dict[str, Any]) -> Facts:
         latest_text=latest(contents or [last_user_content(messages)]),
         conversation=conversation(None, messages, first_user),
         opening=answered < 0,
+        answer_mark=answer_mark(said),
     )
 
 
@@ -113,6 +118,7 @@ def document(summary: ResponseSummary, doc: dict[str, Any]) -> None:
     for choice in as_list(doc.get("choices")):
         choice = as_dict(choice)
         message = as_dict(choice.get("message"))
+        record_text(summary, message.get("content"))
         for call in as_list(message.get("tool_calls")):
             call = as_dict(call)
             record_call(summary, call.get("id"), as_dict(call.get("function")).get("name"))
@@ -125,7 +131,9 @@ def event(summary: ResponseSummary, chunk: dict[str, Any]) -> bool:
     summary.model = nonempty_str(chunk.get("model")) or summary.model
     for choice in as_list(chunk.get("choices")):
         choice = as_dict(choice)
-        for call in as_list(as_dict(choice.get("delta")).get("tool_calls")):
+        delta = as_dict(choice.get("delta"))
+        record_text(summary, delta.get("content"))
+        for call in as_list(delta.get("tool_calls")):
             call = as_dict(call)
             if nonempty_str(call.get("id")):
                 record_call(summary, call["id"], as_dict(call.get("function")).get("name"))

@@ -43,6 +43,7 @@ class Facts:
     provider_state: tuple[str, ...] = ()
     latest_text: str = ""
     conversation: str | None = None
+    answer_mark: str | None = None
     session_hint: str | None = None
     session_hint_source: str | None = None
     opening: bool = False
@@ -51,6 +52,23 @@ class Facts:
 def fingerprint(kind: str, value: str) -> str:
     """A short stable key for an opaque provider-bound blob (encrypted reasoning, a signature)."""
     return f"{kind}:{xxhash.xxh3_64_hexdigest(value.encode())}"
+
+
+ANSWER_MARK_CHARS = 4096
+
+
+def answer_mark(text: str) -> str | None:
+    """The key an answer's text is known by, like an id the answer issued: the hash of its
+    head, trimmed. A history that resends the text continues the session that got it (Qwen
+    Code's memory-extraction side agent resends a plain run's history, which holds no id)."""
+    head = text.strip()[:ANSWER_MARK_CHARS]
+    return fingerprint("answer", head) if head else None
+
+
+def record_text(summary: ResponseSummary, piece: Any) -> None:
+    """A piece of the answer's text, kept while its mark still needs it."""
+    if isinstance(piece, str) and len(summary.text) < 2 * ANSWER_MARK_CHARS:
+        summary.text += piece
 
 
 def nonempty_str(value: Any) -> str | None:

@@ -63,6 +63,7 @@ def parse_request(api: Api, raw: bytes, *, max_body_bytes: int) -> RequestSummar
         session_hint_source=facts.session_hint_source,
         conversation=None if previous else facts.conversation,
         opening=facts.opening and previous is None,
+        answer_mark=facts.answer_mark,
         may_issue=_may_issue(api, body, tools),
         body=body,
         raw=raw,

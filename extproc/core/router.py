@@ -26,7 +26,15 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
-from ..apis import Preambles, model_spans, parse_request, peek_model, rewrite_model, strip_preambles
+from ..apis import (
+    Preambles,
+    answer_mark,
+    model_spans,
+    parse_request,
+    peek_model,
+    rewrite_model,
+    strip_preambles,
+)
 from ..config import Config
 from ..errors import LockedModelDown, RequestShed, RoutingError, SessionPaused
 from ..observability.metrics import Metrics
@@ -640,10 +648,13 @@ class LocalDriver:
 
 
 def issued(response: ResponseSummary) -> list[str]:
-    """The ids an answer made its model own: tool calls, provider state, the response."""
+    """The ids an answer made its model own: tool calls, provider state, the response, the
+    mark of its text."""
     ids = [*response.tool_call_ids, *response.provider_state]
     if response.response_id:
         ids.append(response.response_id)
+    if mark := answer_mark(response.text):
+        ids.append(mark)
     return ids
 
 

@@ -33,8 +33,13 @@ dearest candidate's prompt price:
                 × (1 − fit(c, quality(cur))) × ctx × top / PRICE_WEIGHT   # its lost fit, priced
 
 and ``c`` is held (not a move this turn) unless saving > transition + risk. The fit is priced
-at the rate the hybrid score trades it for price. At an idle boundary nothing is cached any
-more, so the base choice is taken unless it is a step-down whose saving does not exceed its risk.
+at the rate the hybrid score trades it for price. A reset boundary lifts the stickiness (stay
+bias, handoff, history, margin, minimum turns), not the price: at an idle boundary nothing is
+cached any more, so the base choice is taken unless it is a step-down whose saving does not
+exceed its risk; at a drift boundary, once the warm prefix is large (``drift_reset_warm_tokens``),
+a step-down is held as on any turn, the cache it throws away counted (Claude Code's resumed
+run, which carries no provider state to lock it, is not moved off 12.7k warm tokens by a new
+keyword).
 The engine is pure: the session's record and the owners of the request's ids come in as facts,
 health is injected, time comes from the injected clock.
 """
@@ -177,10 +182,11 @@ class SaarEngine:
             phase = Phase.IDLE_RESET if reset == "idle" else Phase.DRIFT_RESET
             reason = f"{reset}_reset"
             terms: tuple[CandidateTerms, ...] = ()
-            if reset == "idle" and model != state.model:
-                terms = self._idle_terms(request, state, base, knobs, model)
-                if terms and terms[-1].held:
-                    model, reason = state.model, "idle_reset_held"
+            if model != state.model:
+                terms = self._reset_terms(request, state, base, knobs, model, reset, cached_tokens)
+                moved = next((t for t in terms if t.model == model), None)
+                if moved is not None and moved.held:
+                    model, reason = state.model, f"{reset}_reset_held"
             action = Action.KEEP if model == state.model else Action.SWITCH
             return RoutingDecision(
                 model, base.decision, action, phase, reason, base.confidence, base,
@@ -334,22 +340,35 @@ class SaarEngine:
             out.append(_step_down(terms, cur, cand, ctx, ratio, remaining, top, knobs, transition))
         return tuple(out)
 
-    def _idle_terms(
+    def _reset_terms(
         self,
         request: RequestSummary,
         state: SessionRecord,
         base: BaseChoice,
         knobs: SessionAware,
         model: str,
+        reset: str,
+        cached_tokens: CachedTokens,
     ) -> tuple[CandidateTerms, ...]:
-        """The current model's and ``model``'s terms at an idle boundary: nothing is cached on
-        either any more, so a step-down throws no cache away and pays only its quality risk."""
+        """The terms a reset boundary's move to ``model`` is held by (none when the current
+        model cannot keep the session). The boundary lifts the stickiness, not the price: after
+        a drift, when ``drift_reset_warm_tokens`` or more of this request are still cached, a
+        step-down must pay for the cache it throws away as on any turn (a smaller prefix is
+        cheap to rebuild: the base choice is taken); after an idle one nothing is cached any
+        more, so it pays only its quality risk."""
         models = self._config.models
         kept = models.get(state.model)
         if kept is None or kept.context_window < request.context_tokens or not (
             self._health.available(state.model)
         ):
             return ()
+        if reset == "drift":
+            # The prefix this request resends; a chain's state held by the provider is the
+            # provider-state lock's business, not the prefix cache's.
+            warm = min(_warm(state, cached_tokens), request.context_tokens)
+            if warm < knobs.drift_reset_warm_tokens:
+                return ()
+            return self._price(request, state, base, knobs, cached_tokens)
         scores = self._scores(state, base)
         cur, cand = models[state.model], models[model]
         ctx = request.context_tokens

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import orjson
 
-from extproc.apis import ResponseObserver, render_entries
+from extproc.apis import ResponseObserver, answer_mark, render_entries
 from extproc.types import Api
 from tests.apis.bodies import feed_in_pieces, parse, sse
 
@@ -171,3 +171,25 @@ def test_chat_answer_ids_of_odd_types_are_ignored():
     s = observer.summary
     assert (s.model, s.tool_call_ids, s.tool_names, s.finish_reason) == (None, ["ok"], [], None)
     assert s.usage is not None and (s.usage.prompt_tokens, s.usage.completion_tokens) == (0, 0)
+
+
+def test_a_streamed_answers_text_is_marked_as_the_history_resends_it():
+    """The mark of an answer's text (what a history holding no id chains by) is the same
+    whether it streamed in pieces or comes back whole in a later request, trimmed."""
+    data = sse({"choices": [{"delta": {"role": "assistant", "content": "Hello"}}]},
+               {"choices": [{"delta": {"content": " there.\n"}}]},
+               {"choices": [{"delta": {}, "finish_reason": "stop"}]})
+    observer = ResponseObserver(Api.CHAT, streaming=True)
+    feed_in_pieces(observer, data)
+    resent = parse(Api.CHAT, {"model": "m", "messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello there."},
+        {"role": "user", "content": "and?"}]})
+    assert observer.summary.text == "Hello there.\n"
+    assert resent.answer_mark == answer_mark(observer.summary.text) is not None
+    assert resent.trail == resent.answer_mark
+    called = parse(Api.CHAT, {"model": "m", "messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello there."},
+        *[{"role": "assistant", "tool_calls": [{"id": "call_1"}]},
+          {"role": "tool", "tool_call_id": "call_1", "content": "ok"}]]})
+    assert called.trail == "call_1"  # an id the answer issued comes first
+    assert answer_mark("  ") is None

@@ -61,3 +61,35 @@ def test_a_history_of_unknown_ids_falls_back_to_the_fingerprint(driver):
     first = send(driver, body("other", call("call_x")))
     second = send(driver, body("other", [*call("call_x"), *call("call_y")], reminder=False))
     assert first == second and first.split("/", 1)[1].startswith("c-")
+
+
+EXTRACTION = "You are now acting as the managed memory extraction subagent."
+
+
+def side_agent(task: str, answer: str) -> bytes:
+    """Qwen Code's memory-extraction side agent after a plain run: its own system prompt and
+    tools, the run's history (its task and the answer's text, no id) and its own task."""
+    messages = [{"role": "system", "content": EXTRACTION},
+                {"role": "user", "content": [{"type": "text", "text": REMINDER},
+                                             {"type": "text", "text": task}]},
+                {"role": "assistant", "content": answer},
+                {"role": "user", "content": "Scan the recent conversation history."}]
+    return orjson.dumps({"model": "auto", "messages": messages, "tools": TOOLS[:1]})
+
+
+def said(driver, raw: bytes, text: str) -> str | None:
+    routed = driver.route(Api.CHAT, {"authorization": "Bearer qwen"}, raw)
+    driver.respond(routed, ResponseSummary(status=200, text=text, finish_reason="stop"))
+    return routed.turn.session_key
+
+
+def test_a_side_agent_resending_a_runs_answer_joins_that_run(driver):
+    """A plain run's history holds no id, only its answer's text: the text's mark chains the
+    side agent to the run that got the answer, and two runs of one prompt stay two."""
+    first = said(driver, body("Say hello", []), "Hello there.\n")
+    first_side = said(driver, side_agent("Say hello", "Hello there."), "")
+    second = said(driver, body("Say hello", []), "Hi!")
+    second_side = said(driver, side_agent("Say hello", "Hi!"), "")
+    unknown = said(driver, side_agent("Say hello", "Never answered here."), "")
+    assert first_side == first and second_side == second
+    assert len({first, second, unknown}) == 3

@@ -431,3 +431,70 @@ def test_holds_are_recorded_and_not_counted_as_loading(driver):
     assert 0 <= timings["load"] < 50_000, "the pause is the hold's time, not the load's"
     plain = router.route(router.read(Api.CHAT, {"x-session-id": "p"}, chat(HARD)), facts)
     assert driver.record(plain)["holds"] is None
+
+
+# Claude Code's `--continue` (issue 16): a debugging run on the strong model (a tool loop, its
+# ~13k-token system prompt and tools resent every turn, the backend reporting 12.7k of it
+# cached), then the resumed run's first request. It carries no thinking blocks, so no provider
+# state locks it, and its text matches the light decision: a drift reset. The reset lifts the
+# stickiness, not the price of the warm prefix it would throw away.
+CLAUDE_WARM = 12_700
+CLAUDE_PROMPT = "You are Claude Code. " + "p" * 52_000  # about 13k tokens with the history
+
+
+def claude(turns: list[dict], prompt: str = CLAUDE_PROMPT) -> bytes:
+    system = [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.332.a1f; "
+               "cc_entrypoint=sdk-cli;"}, {"type": "text", "text": prompt}]
+    return orjson.dumps({"model": "auto", "max_tokens": 32_000, "system": system,
+                         "messages": turns, "stream": True})
+
+
+def claude_continue(driver: Driver, warm: int, prompt: str) -> dict:
+    """The debugging run (3 turns, ``warm`` tokens of each reported cached), then the resumed
+    run's first request; its replay record."""
+    ask = {"role": "user", "content": "Debug the failing check"}
+    call = {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "toolu_01", "name": "Bash", "input": {"command": "cat c"}}]}
+    result = {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "toolu_01", "content": "check-42"}]}
+    done = {"role": "assistant", "content": [{"type": "text", "text": "Fixed: check-42."}]}
+    for turns, ids in (([ask], ["toolu_01"]), ([ask, call, result], []),
+                       ([ask, call, result], [])):
+        body = claude(turns, prompt)
+        tokens = len(body) // 4
+        driver.send(body, session="claude-run", api=Api.MESSAGES, tool_call_ids=ids,
+                    usage=Usage(prompt_tokens=tokens, cached_tokens=min(warm, tokens)))
+    resumed = [ask, call, result, done, {"role": "user", "content": "Explain the fix."}]
+    routed = driver.send(claude(resumed, prompt), session="claude-run", api=Api.MESSAGES)
+    return driver.record(routed)
+
+
+@pytest.mark.parametrize(
+    ("knobs", "warm", "prompt", "expected", "reason"),
+    [
+        # The case: 12.7k warm on 32b; 3 turns to save on, against a re-prefill of 12.7k on
+        # 32b if it comes back and the quality risk: held.
+        ({}, CLAUDE_WARM, CLAUDE_PROMPT, STRONG, "drift_reset_held"),
+        # A small warm prefix (a 1.5k-token session) is cheap to rebuild: the reset moves it.
+        ({}, 1_500, "You are a small agent. " + "p" * 5_000, CHEAP, "drift_reset"),
+        # The price says so: a long session expected (40 turns) that rarely needs 32b again.
+        ({"remaining_turn_prior": 40.0, "return_rate": 0.05}, CLAUDE_WARM, CLAUDE_PROMPT, CHEAP,
+         "drift_reset"),
+        # Step-down pricing off: the reset takes the base choice, as Semantic Router does.
+        ({"step_down_pricing": False}, CLAUDE_WARM, CLAUDE_PROMPT, CHEAP, "drift_reset"),
+        # Priced from the first token: the small session's move does not pay for itself either.
+        ({"drift_reset_warm_tokens": 0}, 1_500, "You are a small agent. " + "p" * 5_000, STRONG,
+         "drift_reset_held"),
+    ],
+)
+def test_a_reset_does_not_throw_a_large_warm_prefix_away_unless_the_price_says_so(
+        session_config, clock, knobs, warm, prompt, expected, reason):
+    driver = Driver(tuned(session_config, **knobs), clock)
+    rec = claude_continue(driver, warm, prompt)
+    assert (rec["reset"], rec["phase"], rec["lock"]) == ("drift", "drift_reset", None)
+    assert (rec["memory"]["model"], rec["base"]["model"]) == (STRONG, CHEAP)
+    assert (rec["model"], rec["reason"]) == (expected, reason), rec["candidates"]
+    assert rec["action"] == ("keep" if expected == STRONG else "switch")
+    if rec["candidates"]:
+        cheap = next(c for c in rec["candidates"] if c["model"] == CHEAP)
+        assert cheap["held"] is (expected == STRONG)
