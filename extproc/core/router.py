@@ -334,6 +334,7 @@ class Router:
             placement = self.pools.place(
                 prompt, decision.model, identity.key, subset, bound=bound, pinned=pinned,
                 identity=identity, ttft=arrival.ttft if arrival is not None else None,
+                tpot=arrival.tpot if arrival is not None else None,
             )
             body = None
             if decision.model != summary.model and self._rewrite:
@@ -375,7 +376,7 @@ class Router:
             self._streaming += 1
         self.pools.started(placement, identity.key, summary.context_tokens)
         if arrival is not None:
-            self._started(arrival, placement, replay_id, now, holds if admitted else ())
+            self._started(arrival, placement, replay_id, now, holds, admitted)
         if placement.worker is not None:
             self.metrics.worker_picks.labels(decision.model, placement.worker).inc()
         self._count(summary.api, decision)
@@ -409,28 +410,35 @@ class Router:
         headers, summary = request.headers, request.summary
         klass = flow.klass(headers)
         wait, ttft = flow.targets(headers, klass)
+        root = identity.key
         if identity.parent_session_id is not None:
-            program = SessionIdentity(identity.tenant, identity.parent_session_id).key
-        else:
-            program = identity.key or replay_id
+            root = SessionIdentity(identity.tenant, identity.parent_session_id).key
+        program = root or replay_id
         phase = ("continuation" if summary.pending_tool_results
                  else "first" if state is None else "turn")
         deadline = None if wait is None else self.clock() + wait
-        return Arrival(model, identity.tenant, program or replay_id, klass, phase,
-                       summary.context_tokens, deadline, ttft)
+        return Arrival(model, identity.tenant, program, klass, phase, summary.context_tokens,
+                       deadline, ttft, flow.tpot(headers, klass))
 
     def _enter(self, arrival: Arrival, decision: RoutingDecision) -> tuple[str, ...]:
         """Admit the request now (the tickets its entry dispatched or evicted, to wake), or
         raise ``Queued`` or ``RequestShed``."""
         entered = self.pools.flow.enter(arrival, self.pools.scored(arrival.pool))
-        if entered.shed is not None:
-            raise self.shed(arrival, decision, entered.shed)
+        if entered.shed is not None:  # route counts it as an error, as every error it raises
+            raise self._dropped(arrival, decision, entered.shed)
         if entered.ticket is not None:
             raise Queued(entered, arrival, decision)
         return (*entered.woken, *entered.evicted)
 
     def shed(self, arrival: Arrival, decision: RoutingDecision, reason: str) -> RequestShed:
-        """The refusal of a request flow control drops for ``reason`` (counted)."""
+        """The refusal of a queued request flow control drops for ``reason`` (counted)."""
+        error = self._dropped(arrival, decision, reason)
+        self.metrics.errors.labels(error.code).inc()
+        return error
+
+    def _dropped(self, arrival: Arrival, decision: RoutingDecision,
+                 reason: str) -> RequestShed:
+        """The refusal of a request flow control drops for ``reason`` (its shed counted)."""
         self.metrics.flow_shed.labels(arrival.pool, arrival.klass, reason).inc()
         messages = {
             "saturated": f"every worker of {arrival.pool} is saturated and this request's "
@@ -445,10 +453,8 @@ class Router:
             "slo": f"no worker of {arrival.pool} is predicted to meet this request's "
                    "time-to-first-token target; retry shortly",
         }
-        error = RequestShed(messages[reason], reason=reason, klass=arrival.klass,
-                            model=arrival.pool, decision=decision)
-        self.metrics.errors.labels(error.code).inc()
-        return error
+        return RequestShed(messages[reason], reason=reason, klass=arrival.klass,
+                           model=arrival.pool, decision=decision)
 
     def queued(self, ticket: str, *, late: bool) -> str:
         """A queued request woke: ``go``, ``wait``, or why it is shed (``FlowController``)."""
@@ -464,10 +470,10 @@ class Router:
         return self.pools.dispatch(pool)
 
     def _started(self, arrival: Arrival, placement: Placement, replay_id: str, now: float,
-                 holds: Sequence[Held]) -> None:
+                 holds: Sequence[Held], admitted: bool) -> None:
         features = placement.features
         uncached = arrival.tokens if features is None else int(features.uncached_tokens)
-        self.pools.flow.started(arrival, uncached, dispatched=bool(holds))
+        self.pools.flow.started(arrival, uncached, dispatched=admitted)
         waited = [h for h in holds if h.kind == "queue"]
         if waited:
             self.metrics.flow_wait_seconds.labels(arrival.pool, arrival.klass).observe(

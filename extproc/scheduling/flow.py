@@ -58,6 +58,8 @@ class Arrival:
     """Clock time the client stops waiting (its deadline header), if it sent one."""
     ttft: float | None = None
     """Its TTFT target in seconds (header, else its class's), if any."""
+    tpot: float | None = None
+    """Its per-output-token target in seconds (header, else its class's), if any."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,8 +115,6 @@ class FlowController:
         self._baseline: dict[str, tuple[float | None, int]] = {}
         """address → (scrape time, in-flight count then): what was sent since its scrape."""
         self._order = itertools.count()
-        self.waits: list[tuple[str, str, float]] = []
-        """(pool, class, seconds) of requests dispatched since last drained (the metrics')."""
 
     @property
     def enabled(self) -> bool:
@@ -137,6 +137,7 @@ class FlowController:
                 ttft if ttft is not None else config.classes[klass].ttft_seconds)
 
     def tpot(self, headers: Mapping[str, str], klass: str) -> float | None:
+        """Its per-output-token target in seconds: the header's (ms), else its class's."""
         found = _seconds(headers.get(self.config.tpot_header))
         return found if found is not None else self.config.classes[klass].tpot_seconds
 
@@ -252,8 +253,6 @@ class FlowController:
         if not queued.dispatched:
             return "expired"
         state.dispatched -= 1
-        arrival = queued.arrival
-        self.waits.append((arrival.pool, arrival.klass, self._clock() - queued.since))
         return "go"
 
     def cancel(self, ticket: str) -> None:

@@ -125,9 +125,10 @@ def _predict(fit: _Fit | None, row: tuple[float, ...]) -> float | None:
 
 
 class SloScorer:
-    """Prefers the workers predicted to meet the request's TTFT target: 1 within it, then
-    target / predicted (a worker twice too slow scores 0.5). Neutral (1 everywhere) for a
-    request without a target or a pool the predictor has not learnt yet."""
+    """Prefers the workers predicted to meet the request's targets: for each of TTFT and the
+    time per output token, 1 within it, then target / predicted (a worker twice too slow
+    scores 0.5); a worker scores the lower of the two. Neutral (1) for a target it lacks or a
+    pool the predictor has not learnt yet."""
 
     name = "slo"
 
@@ -135,16 +136,22 @@ class SloScorer:
         self.predictor = predictor
 
     def score(self, request: SchedulingRequest, workers: Sequence[Worker]) -> dict[str, float]:
-        target, predictor = request.ttft, self.predictor
-        if target is None or predictor is None:
+        predictor, ttft, tpot = self.predictor, request.ttft, request.tpot
+        if predictor is None or (ttft is None and tpot is None):
             return dict.fromkeys((w.address for w in workers), 1.0)
         scores = {}
         for worker in workers:
-            predicted = predictor.ttft(request.model, Features.of(
-                worker, uncached_tokens(request, worker.address)))
-            scores[worker.address] = (1.0 if predicted is None or predicted <= target
-                                      else target / predicted)
+            features = Features.of(worker, uncached_tokens(request, worker.address))
+            scores[worker.address] = min(
+                _within(ttft, predictor.ttft(request.model, features)),
+                _within(tpot, predictor.itl(request.model, features)))
         return scores
+
+
+def _within(target: float | None, predicted: float | None) -> float:
+    if target is None or predicted is None or predicted <= target:
+        return 1.0
+    return target / predicted
 
 
 def uncached_tokens(request: SchedulingRequest, address: str) -> float:

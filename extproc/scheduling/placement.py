@@ -216,14 +216,14 @@ class Pools:
         pinned: str | None = None,
         identity: SessionIdentity | None = None,
         ttft: float | None = None,
+        tpot: float | None = None,
     ) -> Placement:
         """Score ``model``'s workers; 503 when none is eligible, 429 when all are overloaded.
         ``bound`` is the session's worker (affinity), ``pinned`` a hard lock's worker, first
         while eligible; ``identity`` names the session's parent (a sub-agent goes where its
-        parent is) and its id on the wire (KV hints); ``ttft`` its TTFT target (the SLO scorer's).
-        A single-worker pool with no subset hint
-        is left to Envoy (nothing to choose), unless this process is an endpoint picker
-        (``required``)."""
+        parent is) and its id on the wire (KV hints); ``ttft`` and ``tpot`` its latency
+        targets (the SLO scorer's). A single-worker pool with no subset hint is left to Envoy
+        (nothing to choose), unless this process is an endpoint picker (``required``)."""
         pool = self.registry.pool(model)
         if not self.enabled or (len(pool) <= 1 and subset is None and not self.required):
             return Placement(())
@@ -234,7 +234,7 @@ class Pools:
         request = SchedulingRequest(
             model, session_key, blocks, prompt.request.context_tokens,
             subset, bound, pinned, reused, prompt._matched.get(model), parent,
-            adapter=model if self.registry.is_adapter(model) else None, ttft=ttft,
+            adapter=model if self.registry.is_adapter(model) else None, ttft=ttft, tpot=tpot,
         )
         result = self.scheduler.schedule(request, pool)
         if result.shed:

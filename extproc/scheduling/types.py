@@ -86,6 +86,8 @@ class SchedulingRequest:
     """The LoRA adapter the request names (``model`` is then an adapter of a base model)."""
     ttft: float | None = None
     """Its time-to-first-token target in seconds (flow control's header or class), if any."""
+    tpot: float | None = None
+    """Its per-output-token target in seconds, if any."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -81,6 +81,7 @@ def test_a_wait_past_the_ttl_is_shed_with_the_reason_and_a_record(loop):
     assert body["error"]["code"] == "request_shed"
     shed = loop.parts.metrics.flow_shed.labels("qwen3-32b", "interactive", "ttl")
     assert shed._value.get() == 1
+    assert loop.parts.metrics.errors.labels("request_shed")._value.get() == 1
 
 
 def test_a_deadline_sooner_than_the_ttl_bounds_the_wait(loop):
@@ -99,6 +100,7 @@ def test_a_sheddable_request_is_refused_at_once_in_the_clients_format(loop):
     error = loop.commands[-1].error
     assert error.reason == "saturated"
     assert orjson.loads(error.body("anthropic"))["error"]["type"] == "rate_limit_error"
+    assert loop.parts.metrics.errors.labels("request_shed")._value.get() == 1  # once
 
 
 def test_an_open_tool_loops_continuation_goes_before_a_new_sessions_first_turn(loop):

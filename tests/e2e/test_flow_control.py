@@ -62,17 +62,23 @@ def metric(stack: Stack, prefix: str) -> float:
 class Saturated:
     """Keeps a model's two workers busy (and a queue behind them) from several threads."""
 
-    def __init__(self, stack: Stack, n: int = 6) -> None:
+    def __init__(self, stack: Stack, n: int = 10) -> None:
+        """Ten keep the queue deep: the two running finish together and free two places at
+        once, which would reach a shallow queue's last request within a few hundred ms."""
         self.stack, self.n = stack, n
         self.done: list[dict[str, str]] = []
         self.threads = [threading.Thread(target=ask, args=(stack, f"busy-{i}", self.done))
                         for i in range(n)]
 
     def __enter__(self) -> Saturated:
+        depth = 'saar_flow_queued{class="interactive",model="qwen3-8b"}'
+        deadline = time.monotonic() + 5
+        while metric(self.stack, depth) > 0:  # the gauge a previous test left must read 0 first
+            assert time.monotonic() < deadline, "the queue never emptied"
+            time.sleep(0.02)
         for thread in self.threads:
             thread.start()
-        deadline = time.monotonic() + 5
-        while metric(self.stack, 'saar_flow_queued{class="interactive",model="qwen3-8b"}') < 1:
+        while metric(self.stack, depth) < 1:
             assert time.monotonic() < deadline, "the pool never queued"
             time.sleep(0.02)
         return self
@@ -135,15 +141,17 @@ def test_an_open_tool_loops_continuation_is_served_before_a_new_sessions_first_t
     call = first.choices[0].message.tool_calls[0]
     history += [first.choices[0].message.model_dump(exclude_none=True),
                 {"role": "tool", "tool_call_id": call.id, "content": "debug: true"}]
-    served: list[tuple[str, float]] = []
+    answered: dict[str, str] = {}
+    """Which request got which replay id: its record says when the router dispatched it (the
+    order they finish in is the workers', each with its own engine queue)."""
 
     def new_session() -> None:
-        ask(stack, "brand-new")
-        served.append(("new", time.monotonic()))
+        answered["new"] = ask(stack, "brand-new")["x-replay-id"]
 
     def continuation() -> None:
-        loop.chat.completions.create(model="qwen3-8b", messages=history, tools=TOOLS)
-        served.append(("continuation", time.monotonic()))
+        raw = loop.chat.completions.with_raw_response.create(
+            model="qwen3-8b", messages=history, tools=TOOLS)
+        answered["continuation"] = raw.headers["x-replay-id"]
 
     with Saturated(stack):
         newcomer = threading.Thread(target=new_session)
@@ -153,5 +161,8 @@ def test_an_open_tool_loops_continuation_is_served_before_a_new_sessions_first_t
         continuing.start()
         newcomer.join(timeout=30)
         continuing.join(timeout=30)
+    records = {name: replay_outcome(stack, replay_id) for name, replay_id in answered.items()}
+    assert all(any(h["kind"] == "queue" for h in r["holds"] or ()) for r in records.values())
+    served = sorted(records.items(), key=lambda item: item[1]["time"])
     assert [name for name, _ in served] == ["continuation", "new"]
     assert violations(stack) == 0

@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from extproc.scheduling.latency import WARM_OBSERVATIONS, Features, LatencyPredictor
+from extproc.scheduling.latency import WARM_OBSERVATIONS, Features, LatencyPredictor, SloScorer
+from extproc.scheduling.types import SchedulingRequest, Worker
 
 
 def ttft(f: Features) -> float:
@@ -69,3 +70,37 @@ def test_the_prefill_queued_ahead_is_learnt() -> None:
         predictor.observed_ttft("m", f, truth(f))
     for f in (Features(1000, 4, 0, 0.5, 0), Features(1000, 4, 0, 0.5, 50_000)):
         assert predictor.ttft("m", f) == pytest.approx(truth(f), rel=0.02)
+
+
+def fitted() -> LatencyPredictor:
+    """TTFT = 1 s per 1,000 uncached tokens; ITL = 0.01 s per running request."""
+    predictor = LatencyPredictor()
+    for n in range(1, 30):
+        predictor.observed_ttft("m", Features(1000.0 * (n % 6), 0, 0, 0.0), 1.0 * (n % 6))
+        predictor.observed_itl("m", Features(0, n, 0, 0.0), 0.01 * n)
+    return predictor
+
+
+# Two workers: w0 holds half the prompt (2,000 of 4,000 tokens uncached) and runs 2 requests;
+# w1 holds nothing (4,000 uncached) and runs 8.
+SLO_ROWS = [
+    pytest.param(None, None, {"w0": 1.0, "w1": 1.0}, id="no target: neutral"),
+    pytest.param(3.0, None, {"w0": 1.0, "w1": 0.75}, id="TTFT: w1 is predicted 4 s for 3"),
+    pytest.param(None, 0.04, {"w0": 1.0, "w1": 0.5}, id="TPOT: w1 is predicted 0.08 s for 0.04"),
+    pytest.param(1.0, 0.04, {"w0": 0.5, "w1": 0.25}, id="both: the lower of the two"),
+]
+
+
+@pytest.mark.parametrize(("ttft", "tpot", "expected"), SLO_ROWS)
+def test_the_slo_scorer_prefers_workers_predicted_within_target(
+        ttft: float | None, tpot: float | None, expected: dict[str, float]) -> None:
+    workers = [Worker("w0", "m", running=2), Worker("w1", "m", running=8)]
+    request = SchedulingRequest("m", None, tuple(range(10)), 4000, matched={"w0": 5.0},
+                                ttft=ttft, tpot=tpot)
+    scores = SloScorer(fitted()).score(request, workers)
+    assert scores == pytest.approx(expected, rel=0.02)
+
+
+def test_the_slo_scorer_is_neutral_for_a_pool_not_learnt_yet() -> None:
+    request = SchedulingRequest("other", None, (1,), 100, ttft=0.001, tpot=0.001)
+    assert SloScorer(fitted()).score(request, [Worker("w0", "other")]) == {"w0": 1.0}
