@@ -529,6 +529,7 @@ class Router:
         self.health.record(turn.model, status)
         self.metrics.responses.labels(turn.model, f"{status // 100}xx").inc()
         self.journal.completed(turn.replay_id, Outcome(status=status, served=served))
+        self.pools.prefilled(routed.placement)
         if not 200 <= status < 300:
             self._claimed(turn)  # a failed answer issues nothing
             return []
@@ -576,7 +577,7 @@ class Router:
         self.pools.finished(
             routed.placement, turn.session_key,
             usage.prompt_tokens if usage else turn.context_tokens, completion,
-        )
+            answered=not aborted)
         arrival = routed.arrival
         if arrival is not None:
             self.pools.flow.finished(arrival.tenant, arrival.program, completion)

@@ -119,7 +119,7 @@ class Disaggregator:
         full = self.config.max_prefill_requests
         if mode == "session_aware":
             full = min(full, 1 + _waiting(decode, workers))
-        room = [w for w in workers if not w.prefills or _requests(w) < full]
+        room = [w for w in workers if not w.prefills or w.requests < full]
         if mode == "session_aware" and not any(w.prefills for w in room):
             return Split(None, "prefill_busy", uncached)
         result = self.scheduler.schedule(
@@ -138,7 +138,3 @@ def _waiting(address: str, workers: Sequence[Worker]) -> int:
     """The requests waiting on the decode worker ``address``, as last scraped."""
     return next((w.waiting for w in workers if w.address == address), 0)
 
-
-def _requests(worker: Worker) -> int:
-    """Its requests as last scraped, or the router's own count when the scrape is stale."""
-    return worker.in_flight if worker.stale else worker.running + worker.waiting

@@ -279,7 +279,14 @@ class Pools:
         if placement.worker is None:
             return
         self.registry.started(placement.worker)
+        if placement.prefill is not None:
+            self.registry.started(placement.prefill)
         self.admission.turn_started(session_key, placement.worker, tokens)
+
+    def prefilled(self, placement: Placement) -> None:
+        """The answer began: the decode worker's sidecar is past its prefill worker's call."""
+        if placement.prefill is not None:
+            self.registry.finished(placement.prefill)
 
     def served(self, placement: Placement, address: str) -> None:
         """Envoy served the request from ``address``: when that is not the pick (a fallback, or
@@ -293,11 +300,16 @@ class Pools:
         session_key: str | None,
         prompt_tokens: int,
         completion_tokens: int,
+        *,
+        answered: bool = True,
     ) -> None:
-        """The response ended: a tool boundary for admission, one fewer in flight."""
+        """The response ended: a tool boundary for admission, one fewer in flight (and on
+        the prefill worker too when no answer began: ``prefilled`` was never told)."""
         if placement.worker is None:
             return
         self.registry.finished(placement.worker)
+        if not answered:
+            self.prefilled(placement)
         self.admission.turn_finished(
             session_key, placement.worker, prompt_tokens, completion_tokens
         )

@@ -37,10 +37,22 @@ class Worker:
     max_lora: int | None = None
     """Adapters it batches at once (vLLM ``--max-loras``); None: not reported."""
     in_flight: int = 0
+    since_scrape: int = 0
+    """Requests the router started on it less those it finished since the last scrape."""
     scraped_at: float | None = None
     stale: bool = False
     """No scrape within the staleness window: the load signals are old, lean on ``in_flight``."""
     healthy: bool = True
+
+    @property
+    def requests(self) -> int:
+        """Its running and waiting requests now: the last scrape moved on by what the router
+        started and finished there since (a scrape is a snapshot; a request that ended just
+        after it no longer counts), never below the router's own in-flight count; that count
+        alone when the scrape is stale."""
+        if self.stale:
+            return self.in_flight
+        return max(self.in_flight, self.running + self.waiting + self.since_scrape)
 
     @property
     def capacity_tokens(self) -> int | None:

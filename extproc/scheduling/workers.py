@@ -81,15 +81,19 @@ class WorkerRegistry:
             if signals.max_lora is not None:
                 worker.max_lora = signals.max_lora
             worker.scraped_at = now
+            worker.since_scrape = 0
         return True
 
     def started(self, address: str) -> None:
         for worker in self._workers(address):
             worker.in_flight += 1
+            worker.since_scrape += 1
 
     def finished(self, address: str) -> None:
         for worker in self._workers(address):
-            worker.in_flight = max(0, worker.in_flight - 1)
+            if worker.in_flight:
+                worker.in_flight -= 1
+                worker.since_scrape -= 1
 
     def set_healthy(self, address: str, healthy: bool) -> None:
         for worker in self._workers(address):

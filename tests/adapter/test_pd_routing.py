@@ -11,7 +11,7 @@ import orjson
 from extproc.assembly import assemble
 from extproc.config import Config, Disaggregation, WorkerSpec
 
-from .support import CHAT, Replica, set_headers
+from .support import CHAT, Replica, response_headers, set_headers
 from .test_duplex import routed
 
 DECODE = ("10.0.0.1:80", "10.0.0.2:80")
@@ -63,3 +63,25 @@ async def test_a_short_prompt_stays_local_and_the_clients_header_is_removed(conf
     assert "x-prefiller-host-port" not in set_headers(common)
     assert "x-prefiller-host-port" in common.header_mutation.remove_headers
     assert set_headers(common)["x-gateway-destination-endpoint"] in DECODE
+
+
+def prefill_requests(replica: Replica) -> int:
+    return next(w.in_flight for w in replica.parts.pools.all_workers() if w.address == PREFILL)
+
+
+async def test_the_prefill_worker_counts_a_split_until_its_answer_begins(config, clock):
+    """The prefill worker has the request from the pick until the decode worker answers (its
+    sidecar is then past the prefill call), or until the stream closes unanswered: between
+    two scrapes, the next split sees it free."""
+    replica = Replica(assemble(pd_pool(config), clock=clock))
+    for session, answer in (("s1", True), ("s2", False)):
+        stream = replica.stream()
+        replies = await routed(stream, LONG, {**CHAT, "x-session-id": session})
+        assert set_headers(replies[0].request_headers.response)["x-prefiller-host-port"] == (
+            PREFILL)  # the prefill worker is free again: split
+        assert prefill_requests(replica) == 1
+        if answer:
+            await stream.handle(response_headers("200", "text/event-stream"))
+            assert prefill_requests(replica) == 0  # the decode worker answers: prefill done
+        stream.close()  # answered, or the client hung up first
+        assert prefill_requests(replica) == 0  # counted once either way

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from extproc.config import Disaggregation, Scheduling
-from extproc.scheduling.disaggregation import Disaggregator
+from extproc.scheduling.disaggregation import Disaggregator, Split
 from extproc.scheduling.prefix_index import ApproximatePrefixIndex
 from extproc.scheduling.types import SchedulingRequest, Worker
 
@@ -95,6 +95,18 @@ def test_the_split_decision(mode: str, tokens: int, matched: int, before: Sent,
     assert split is not None
     assert (split.prefill, split.reason, split.uncached_tokens) == expected
     assert (split.scores != {}) == (split.prefill is not None)
+
+
+def test_a_prefill_worker_busy_at_the_last_scrape_is_free_once_its_prefill_ended() -> None:
+    """The scrape caught the previous first turn's prefill; its answer has begun since (the
+    router was told), so the next first turn is split, not kept local as ``prefill_busy``."""
+    workers = pool(1)
+    prefill = workers[-1]
+    assert disaggregator().decide(request(20_000), "d1", {}, workers) == Split(
+        None, "prefill_busy", 20_000)
+    prefill.since_scrape = -1  # one finished since the scrape: what the registry counts
+    split = disaggregator().decide(request(20_000), "d1", {}, workers)
+    assert split is not None and (split.prefill, split.reason) == ("p0", "cold")
 
 
 def test_a_pool_without_prefill_workers_decides_nothing() -> None:

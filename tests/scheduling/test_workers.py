@@ -79,6 +79,33 @@ def test_in_flight_counts_and_health(clock: FakeClock) -> None:
     assert reg.pool("big")[0].in_flight == 0
 
 
+# The scrape says 3 running and 2 waiting (sim_page); then the router starts and finishes
+# requests there. (events before the scrape, events after it, expected requests now)
+@pytest.mark.parametrize(("before", "after", "expected"), [
+    ("", "", 5),
+    ("s", "", 5),  # one in flight, already counted by the scrape
+    ("", "s", 6),  # started since the scrape: one more
+    ("s", "f", 4),  # counted by the scrape, finished since: one fewer
+    ("", "sf", 5),  # started and finished since: the scrape's count stands
+    ("ss", "ff", 3),
+    ("sss", "ffffff", 2),  # a finish with nothing in flight is no event
+    ("ssssssss", "", 8),  # never below the router's own in-flight count
+])
+def test_requests_move_the_last_scrape_by_what_the_router_started_and_finished_since(
+        clock: FakeClock, before: str, after: str, expected: int) -> None:
+    reg = registry(clock)
+    address = "10.0.0.1:8000"
+    for event in before:
+        (reg.started if event == "s" else reg.finished)(address)
+    reg.apply_scrape(address, sim_page(), clock())
+    for event in after:
+        (reg.started if event == "s" else reg.finished)(address)
+    assert reg.pool("big")[0].requests == expected
+    clock.advance(2.5)  # stale: the router's own count alone
+    worker = reg.pool("big")[0]
+    assert worker.requests == worker.in_flight
+
+
 def test_reload_replaces_file_workers_and_keeps_signals_of_those_that_stay(
     clock: FakeClock, tmp_path: Path
 ) -> None:
