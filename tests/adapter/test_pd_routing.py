@@ -76,7 +76,8 @@ async def test_the_prefill_worker_counts_a_split_until_its_answer_begins(config,
     replica = Replica(assemble(pd_pool(config), clock=clock))
     for session, answer in (("s1", True), ("s2", False)):
         stream = replica.stream()
-        replies = await routed(stream, LONG, {**CHAT, "x-session-id": session})
+        body = LONG.replace(b"refactor", session.encode())  # nothing of it cached anywhere
+        replies = await routed(stream, body, {**CHAT, "x-session-id": session})
         assert set_headers(replies[0].request_headers.response)["x-prefiller-host-port"] == (
             PREFILL)  # the prefill worker is free again: split
         assert prefill_requests(replica) == 1
