@@ -4,7 +4,6 @@ the flags they give it, and every page the README links to is there."""
 from __future__ import annotations
 
 import re
-import shlex
 from pathlib import Path
 
 import pytest
@@ -13,8 +12,8 @@ from extproc.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-_COMMAND = re.compile(
-    r"(?:^|[`\s(])saar ((?:[a-z][a-z-]*)(?: [a-z][a-z-]*)?)((?: --?[a-z][a-z-]*)*)")
+_COMMAND = re.compile(r"(?:^|[`\s(])saar ((?:[a-z][a-z-]*)(?: [a-z][a-z-]*)?)")
+_FLAG = re.compile(r"(?<![\w-])--?[a-z][a-z-]*")
 
 
 def _shown() -> set[tuple[str, ...]]:
@@ -25,10 +24,13 @@ def _shown() -> set[tuple[str, ...]]:
         code = re.findall(r"```[a-z]*\n(.*?)```", text, re.S) + re.findall(r"`([^`\n]+)`", text)
         for block in code:
             for line in block.splitlines():
-                for match in _COMMAND.finditer(line):
-                    words = tuple(match.group(1).split())
-                    flags = tuple(f for f in shlex.split(match.group(2) or "") if f.startswith("-"))
-                    found.add(words + flags)
+                commands = list(_COMMAND.finditer(line))
+                for i, match in enumerate(commands):
+                    # Its flags: every one up to the next command on the line, bracketed
+                    # (``[--json]``) or after a value (``show ID --file F``) included.
+                    end = commands[i + 1].start() if i + 1 < len(commands) else len(line)
+                    rest = line[match.end():end]
+                    found.add((*match.group(1).split(), *_FLAG.findall(rest)))
     return found
 
 
