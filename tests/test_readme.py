@@ -3,6 +3,7 @@ the flags they give it, and every page the README links to is there."""
 
 from __future__ import annotations
 
+import argparse
 import re
 from pathlib import Path
 
@@ -65,6 +66,44 @@ def test_every_shown_command_and_flag_exists(shown, capsys):
     for flag in flags:
         assert re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", usage), (
             f"saar {' '.join(path)} has no flag {flag}")
+
+
+FOREIGN_FLAGS = {
+    "envoy": {"--base-id", "--use-dynamic-base-id"},
+    "vllm": {"--lora-modules", "--served-model-name"},
+    "pip": {"--force-reinstall", "--no-deps"},
+    "the agent CLIs": {"--allowedTools", "--approval-mode", "--auth-type", "--continue",
+                       "--dangerously-bypass-approvals-and-sandbox",
+                       "--dangerously-skip-permissions", "--format", "--last", "--output-format",
+                       "--skip-git-repo-check"},
+    "the Semantic Router's scripts": {"--baseline-base-url",
+                                      "--baseline-include-previous-response-id",
+                                      "--include-previous-response-id", "--matrix"},
+    "python -m extproc.dev.bench.heavy": {"--heavy-tenants"},
+}
+"""Flags the pages show for other programs (a flag in a code span with no ``saar`` command)."""
+
+
+def _saar_flags(parser: argparse.ArgumentParser) -> set[str]:
+    found = {f for a in parser._actions for f in a.option_strings}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found |= _saar_flags(sub)
+    return found
+
+
+def test_every_flag_shown_alone_is_a_saar_flag_or_another_programs():
+    """A flag named on its own (``--listen-host`` in a list of one command's flags) is checked
+    too: it is some command's, or one of the other programs' listed above."""
+    known = _saar_flags(build_parser()).union(*FOREIGN_FLAGS.values())
+    unknown = set()
+    for page in PAGES:
+        for span in re.findall(r"`([^`\n]+)`", page.read_text()):
+            if not _COMMAND.search(span):
+                unknown |= {(page.name, f) for f in re.findall(r"(?<![\w-])--[A-Za-z][\w-]*", span)
+                            if f not in known}
+    assert sorted(unknown) == []
 
 
 def test_every_linked_page_exists():
