@@ -592,3 +592,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"saar: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a file named on the command line (or in a config) is unusable
+        if args.verbose or exc.filename is None:
+            raise
+        print(f"saar: {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return 2

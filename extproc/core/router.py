@@ -485,11 +485,14 @@ class Router:
                 del picked[next(iter(picked))]
 
     def first_token(self, turn: Turn) -> None:
-        """A streamed answer's first token passed: the predictor learns its TTFT."""
+        """A streamed answer's first token passed: the journal records its TTFT, the
+        predictor learns it."""
+        now = self.clock()
+        self.journal.completed(turn.replay_id, Outcome(
+            first_chunk_ms=round((now - turn.started) * 1000, 3)))
         picked, predictor = self._picked.get(turn.replay_id), self.pools.predictor
         if picked is None or predictor is None or picked.first is not None:
             return
-        now = self.clock()
         picked.first = now
         error = predictor.observed_ttft(picked.pool, picked.features, now - picked.at)
         if error is not None:

@@ -28,8 +28,9 @@ from urllib.parse import urlsplit
 import orjson
 import yaml
 
+from .. import EXAMPLE_CONFIG
 from ..harness import run_stack
-from .soak import CHAT_TOOL, DEFAULT_CONFIG, HARD, MESSAGES_TOOL, RESPONSES_TOOL, TENANTS, sample
+from .soak import CHAT_TOOL, HARD, MESSAGES_TOOL, RESPONSES_TOOL, TENANTS, sample
 from .wire import post_request
 
 SIM_ARGS = ("--time-scale", "5000")
@@ -119,7 +120,7 @@ def run(config: dict[str, Any], *, clients: int, warmup: int, concurrency: int,
 
 def main(config_path: str | None, *, clients: int, warmup: int, concurrency: int,
          linger: float, as_json: bool) -> int:
-    config = yaml.safe_load(Path(config_path or DEFAULT_CONFIG).read_text())
+    config = yaml.safe_load(Path(config_path or EXAMPLE_CONFIG).read_text())
     report = run(config, clients=clients, warmup=warmup, concurrency=concurrency,
                  linger=linger)
     rss = report["rss_mib"]

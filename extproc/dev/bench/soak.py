@@ -34,11 +34,11 @@ from typing import Any
 import orjson
 import yaml
 
+from .. import EXAMPLE_CONFIG
 from ..harness import Stack, run_stack
 from .load import _percentile
 from .wire import Http
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[3] / "config" / "example.yaml"
 CAPS = {"memory": {"max_sessions": 4000, "max_owned_ids": 12000},
         "replay": {"capacity": 3000}}
 """Lower than the defaults, so a ten-minute soak fills them (the defaults take hours)."""
@@ -433,7 +433,7 @@ def table(report: dict[str, Any]) -> str:
 
 
 def main(config_path: str | None, settings: Settings, *, as_json: bool) -> int:
-    config = yaml.safe_load(Path(config_path or DEFAULT_CONFIG).read_text())
+    config = yaml.safe_load(Path(config_path or EXAMPLE_CONFIG).read_text())
     report = run(config, settings)
     print(table(report), flush=True)
     if as_json:

@@ -22,9 +22,9 @@ from typing import Any
 import yaml
 
 from ...adapter.contract import DIAGNOSTIC_HEADERS, REPLAY_HEADER
+from .. import EXAMPLE_CONFIG
 from ..harness import run_stack
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[3] / "config" / "example.yaml"
 _OURS = {key: name for name, key in DIAGNOSTIC_HEADERS.items()}
 HEADER_MAP = {
     "x-vsr-selected-model": _OURS["selected_model"],
@@ -76,7 +76,7 @@ def run_scenario(module: ModuleType, argv: Sequence[str]) -> int:
 
 def main(script: str, config_path: str | None, scenarios: Sequence[str], output: str) -> int:
     module = load_script(script)
-    config = yaml.safe_load(Path(config_path or DEFAULT_CONFIG).read_text())
+    config = yaml.safe_load(Path(config_path or EXAMPLE_CONFIG).read_text())
     out = Path(output)
     results: dict[str, Any] = {}
     with run_stack(config, workers_per_model=1, sim_args=["--time-scale", "0"]) as stack:
