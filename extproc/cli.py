@@ -532,8 +532,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="clients before the first sample (default 2000)")
     hangup.add_argument("--concurrency", type=int, default=32,
                         help="clients at a time (default 32)")
-    hangup.add_argument("--linger", type=float, default=0.05,
-                        help="seconds between sending and hanging up (default 0.05)")
+    hangup.add_argument("--linger", type=float, default=0.2,
+                        help="seconds between sending and hanging up (default 0.2)")
     hangup.add_argument("--config", default=None, help="default: config/example.yaml")
     hangup.add_argument("--json", action="store_true", help="last stdout line is JSON")
     hangup.set_defaults(func=_bench_hangup)

@@ -29,8 +29,16 @@ import orjson
 import yaml
 
 from .. import EXAMPLE_CONFIG
-from ..harness import run_stack
-from .soak import CHAT_TOOL, HARD, MESSAGES_TOOL, RESPONSES_TOOL, TENANTS, sample
+from ..harness import Stack, run_stack
+from .soak import (
+    CHAT_TOOL,
+    HARD,
+    MESSAGES_TOOL,
+    RESPONSES_TOOL,
+    TENANTS,
+    metrics_page,
+    sample,
+)
 from .wire import post_request
 
 SIM_ARGS = ("--time-scale", "5000")
@@ -106,16 +114,26 @@ def run(config: dict[str, Any], *, clients: int, warmup: int, concurrency: int,
         answered = asyncio.run(drive(stack.url, warmup, concurrency, linger, source))
         time.sleep(SETTLE_SECONDS)
         samples = [sample(stack)]
+        routed = [_routed(stack)]
         for _ in range(2):
             answered += asyncio.run(drive(stack.url, clients // 2, concurrency, linger, source))
             time.sleep(SETTLE_SECONDS)
             samples.append(sample(stack))
+            routed.append(_routed(stack))
     rss = [s["rss_mib"] for s in samples]
     return {"clients": clients, "warmup": warmup, "concurrency": concurrency,
             "linger_s": linger, "answered_first": answered,
+            "routed": int(routed[2] - routed[0]),
             "rss_mib": rss, "growth_mib": round(rss[2] - rss[0], 1),
             "growth_last_half_mib": round(rss[2] - rss[1], 1),
             "tables": samples[-1]["tables"], "tasks": samples[-1]["tasks"]}
+
+
+def _routed(stack: Stack) -> float:
+    """Requests the processor has decided (``saar_requests_total``): a client that left before
+    its body reached the processor never got that far."""
+    return sum(float(line.rpartition(" ")[2]) for line in metrics_page(stack.processor_http)
+               .splitlines() if line.startswith("saar_requests_total{"))
 
 
 def main(config_path: str | None, *, clients: int, warmup: int, concurrency: int,
@@ -127,7 +145,8 @@ def main(config_path: str | None, *, clients: int, warmup: int, concurrency: int
     tables = ", ".join(f"{k} {v:.0f}" for k, v in sorted(report["tables"].items()))
     print(f"{report['clients']} clients hung up after a warm-up of {report['warmup']} "
           f"({report['concurrency']} at a time, {report['linger_s']} s after sending; "
-          f"{report['answered_first']} got an answer first)\n"
+          f"{report['routed']} routed by the processor, {report['answered_first']} got an "
+          "answer first)\n"
           f"processor RSS: {rss[0]} -> {rss[1]} -> {rss[2]} MiB: +{report['growth_mib']} MiB "
           f"(last half +{report['growth_last_half_mib']} MiB)\n"
           f"tables at the end: {tables}; asyncio tasks {report['tasks']:.0f}", flush=True)

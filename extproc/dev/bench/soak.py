@@ -224,7 +224,7 @@ async def drive(url: str, seconds: float, rate: float | None, loops: int,
 # -- what the processor shows --------------------------------------------------------------
 
 
-def _metrics(url: str) -> str:
+def metrics_page(url: str) -> str:
     with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
         return str(response.read().decode())
 
@@ -240,7 +240,7 @@ def _rss(stack: Stack) -> float:
 
 def sample(stack: Stack) -> dict[str, Any]:
     """RSS (MiB), tasks, series and the table sizes, now."""
-    text = _metrics(stack.processor_http)
+    text = metrics_page(stack.processor_http)
     tables: dict[str, float] = {}
     tasks = gc_seconds = gc_count = math.nan
     series = 0
