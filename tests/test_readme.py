@@ -69,7 +69,7 @@ def test_every_shown_command_and_flag_exists(shown, capsys):
 
 
 FOREIGN_FLAGS = {
-    "envoy": {"--base-id", "--use-dynamic-base-id"},
+    "envoy": {"--base-id", "--mode", "--use-dynamic-base-id"},
     "vllm": {"--lora-modules", "--served-model-name"},
     "pip": {"--force-reinstall", "--no-deps"},
     "the agent CLIs": {"--allowedTools", "--approval-mode", "--auth-type", "--continue",
