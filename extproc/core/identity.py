@@ -176,6 +176,23 @@ def opened(identity: SessionIdentity, name: str) -> SessionIdentity:
     return replace(identity, session_id=CONVERSATION_PREFIX + name)
 
 
+def parented(identity: SessionIdentity, remembered: str | None,
+             spawner: str | None) -> SessionIdentity:
+    """``identity`` with its parent when the request names none: the parent its session's
+    record ``remembered``, else, for a first request that opened a session, ``spawner`` (the
+    session, ``tenant/id``, whose answer's tool call carried the task the request opens
+    with: Qwen Code's sub-agents name nothing else of their parent)."""
+    if identity.parent_session_id is not None or identity.session_id is None:
+        return identity
+    parent = remembered
+    prefix = identity.tenant + "/"
+    if parent is None and identity.opens and spawner is not None and spawner.startswith(prefix):
+        parent = spawner[len(prefix):]
+    if parent is None or parent == identity.session_id:
+        return identity
+    return replace(identity, parent_session_id=parent)
+
+
 def _is_compaction(metadata: str | None) -> bool:
     if not metadata:
         return False

@@ -34,6 +34,7 @@ from ..apis import (
     peek_model,
     rewrite_model,
     strip_preambles,
+    task_mark,
 )
 from ..config import Config
 from ..errors import LockedModelDown, RequestShed, RoutingError, SessionPaused
@@ -48,7 +49,7 @@ from ..state.store import Facts, Query
 from ..state.table import SessionTable
 from ..types import Action, Api, Clock, RequestSummary, ResponseSummary, SessionIdentity
 from .health import ModelHealth
-from .identity import IdentityReader, chained, opened
+from .identity import IdentityReader, chained, opened, parented
 from .journal import Decided, Held, Journal, Outcome, Timings
 from .paths import api_for as api_for  # re-exported: which requests are API calls
 from .saar import RoutingDecision, SaarEngine, issuer
@@ -210,6 +211,8 @@ class Router:
             chain = scoped(tenant, trail)
             if chain not in ids:
                 ids = (*ids, chain)
+        if identity.opens:  # a sub-agent's task, if another session's tool call gave it
+            ids = (*ids, *(scoped(tenant, mark) for mark in summary.task_marks))
         query = Query(identity.key, ids, chain)
         return Request(summary, identity, headers, query, started, parsed, time.perf_counter(),
                        spans, prompt)
@@ -297,6 +300,8 @@ class Router:
         replay_id = self._new_id()
         identity = opened(chained(request.identity, facts.session_key), replay_id)
         state = facts.session if identity.key == facts.session_key else None
+        identity = parented(identity, state.parent if state is not None else None,
+                            _spawner(request, facts))
         try:
             if not admit_paused and self.pools.admission.is_paused(identity.key):
                 assert identity.key is not None
@@ -361,7 +366,7 @@ class Router:
         turn = Turn(
             replay_id, identity.key, identity.tenant, decision.model, decision.decision,
             decision.phase, decision.action is Action.SWITCH, summary.context_tokens, now,
-            placement.worker, identity.final,
+            placement.worker, identity.final, identity.parent_session_id,
         )
         self.journal.decided(Decided(
             replay_id, now, summary, identity, decision, placement, state, timings,
@@ -656,13 +661,26 @@ class LocalDriver:
 
 def issued(response: ResponseSummary) -> list[str]:
     """The ids an answer made its model own: tool calls, provider state, the response, the
-    mark of its text."""
+    mark of its text and of its tool calls' task texts."""
     ids = [*response.tool_call_ids, *response.provider_state]
     if response.response_id:
         ids.append(response.response_id)
     if mark := answer_mark(response.text):
         ids.append(mark)
+    tasks = (task_mark(a) for a in response.arguments.values() if a is not None)
+    ids += dict.fromkeys(mark for mark in tasks if mark is not None)
     return ids
+
+
+def _spawner(request: Request, facts: Facts) -> str | None:
+    """The session whose answer issued a tool call carrying the task this first request
+    opens with (its first owned task mark), if any."""
+    tenant = request.identity.tenant
+    for mark in request.summary.task_marks:
+        owner = facts.owners.get(scoped(tenant, mark))
+        if owner is not None and owner.session is not None:
+            return owner.session
+    return None
 
 
 def _owners(

@@ -56,6 +56,9 @@ class SessionRecord:
     overwrites what the newer one set."""
     version: int = 0
     """Bumped by every write; the Redis store's compare-and-set compares it."""
+    parent: str | None = None
+    """The session this one is a sub-agent of (its id, in the same tenant), as its first
+    turn found it: a later request that names no session (Qwen Code) finds it here."""
 
     @property
     def reported_cache_ratio(self) -> float | None:
@@ -72,7 +75,7 @@ class SessionRecord:
             self.switches, self.switch_times, self.context_tokens,
             self.estimated_reuse_tokens, self.reported_prompt_tokens,
             self.reported_cached_tokens, self.last_replay_id, self.recent,
-            self.issued, self.issued_worker, self.last_started, self.version,
+            self.issued, self.issued_worker, self.last_started, self.version, self.parent,
         )
 
 
@@ -102,25 +105,30 @@ class Turn:
     worker: str | None = None
     """The picked worker; the commit replaces it by the one Envoy really used, when known."""
     final: bool = False
+    parent: str | None = None
+    """The session's parent (``SessionRecord.parent``)."""
 
     def to_wire(self) -> str:
         """A metadata string value (JSON)."""
         return orjson.dumps(
             [self.replay_id, self.session_key, self.tenant, self.model, self.decision,
              self.phase.value, self.switched, self.context_tokens, self.started, self.worker,
-             self.final]
+             self.final, self.parent]
         ).decode()
 
     @classmethod
     def from_wire(cls, data: str) -> Turn:
-        """Raises ``ValueError`` on anything but what ``to_wire`` wrote."""
+        """Raises ``ValueError`` on anything but what ``to_wire`` wrote (or, without its
+        parent, what a replica of the version before wrote)."""
         try:
             (replay_id, session_key, tenant, model, decision, phase, switched, tokens, started,
-             worker, final) = orjson.loads(data)
-        except (orjson.JSONDecodeError, TypeError) as exc:
+             worker, final, *parent) = orjson.loads(data)
+        except (orjson.JSONDecodeError, TypeError, ValueError) as exc:
             raise ValueError(f"not a turn: {exc}") from None
+        if len(parent) > 1:
+            raise ValueError("not a turn: too long")
         return cls(replay_id, session_key, tenant, model, decision, Phase(phase), switched,
-                   tokens, started, worker, final)
+                   tokens, started, worker, final, *parent)
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +179,7 @@ def commit(
             record.worker = turn.worker
         return record, False
     if record is None:
-        record = SessionRecord(turn.model, turn.decision, turn.phase, now)
+        record = SessionRecord(turn.model, turn.decision, turn.phase, now, parent=turn.parent)
     elif turn.started < record.last_started:
         record.turns += 1
         record.recent = (*record.recent[-(RECENT_TURNS_KEPT - 1):], turn.replay_id)
@@ -251,17 +259,19 @@ def pack_record(record: SessionRecord) -> bytes:
          record.turns, record.switches, record.switch_times, record.context_tokens,
          record.estimated_reuse_tokens, record.reported_prompt_tokens,
          record.reported_cached_tokens, record.last_replay_id, record.recent, record.issued,
-         record.issued_worker, record.last_started]
+         record.issued_worker, record.last_started, record.parent]
     )
 
 
 def unpack_record(data: bytes, version: int) -> SessionRecord:
+    """A record ``pack_record`` wrote (or, without its parent, the version before wrote)."""
     (model, decision, phase, last_seen, worker, turns, switches, switch_times, context,
      reuse, prompt, cached, last_replay_id, recent, issued, issued_worker,
-     last_started) = msgpack.unpackb(data)
+     last_started, *parent) = msgpack.unpackb(data)
     return SessionRecord(model, decision, Phase(phase), last_seen, worker, turns, switches,
                          tuple(switch_times), context, reuse, prompt, cached, last_replay_id,
-                         tuple(recent), tuple(issued), issued_worker, last_started, version)
+                         tuple(recent), tuple(issued), issued_worker, last_started, version,
+                         *parent[:1])
 
 
 OWNER_SEPARATOR = "\x00"

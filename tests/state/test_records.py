@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
+import msgpack
+import orjson
 import pytest
 
 from extproc.state.records import (
@@ -115,6 +118,25 @@ def test_wire_forms_round_trip():
     assert Turn.from_wire(turn(3).to_wire()) == turn(3)
     with pytest.raises(ValueError):
         Turn.from_wire('["too", "short"]')
+
+
+def test_a_sub_agents_record_keeps_its_parent_across_the_wire_and_its_turns():
+    child = [replace(turn(n), parent="s-run") for n in (1, 2)]
+    record, _ = play([Commit(child[0]), Finish(child[0]), Commit(turn(2))])
+    assert record.parent == "s-run"  # set by the first turn, kept by later ones
+    assert unpack_record(pack_record(record), 1).parent == "s-run"
+    assert Turn.from_wire(child[1].to_wire()) == child[1]
+    with pytest.raises(ValueError):
+        Turn.from_wire(orjson.dumps([*orjson.loads(child[1].to_wire()), "extra"]).decode())
+
+
+def test_what_a_replica_of_the_version_before_wrote_still_reads():
+    """A record and a turn written without the parent (a rolling upgrade) read as parentless."""
+    record, _ = play([Commit(turn(1)), Finish(turn(1), **TOOL_ANSWER)])
+    old_record = msgpack.packb(msgpack.unpackb(pack_record(record))[:-1])
+    assert unpack_record(old_record, record.version) == record
+    old_turn = orjson.dumps(orjson.loads(turn(3).to_wire())[:-1]).decode()
+    assert Turn.from_wire(old_turn) == turn(3)
 
 
 def test_a_copy_has_every_field_and_shares_only_what_cannot_change():
