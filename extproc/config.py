@@ -309,6 +309,11 @@ class Routing:
     client sent it (Envoy need not copy it back), the answer's ``model`` is the logical one
     and ``x-saar-selected-model`` names the physical one."""
     prompt_normalisation: PromptNormalisation = field(default_factory=PromptNormalisation)
+    side_request_max_tokens: Count = 4096
+    """A request that opens a conversation of its own, offers no tools and holds at most this
+    many context tokens is light; naming a model other than its session's usual one, it is a
+    side request (OpenCode's title request, Claude Code's haiku calls): served, but it neither
+    places nor moves the session, nor counts as its turn (``core.side``). 0: off."""
 
 
 @dataclass(frozen=True, config=_SCHEMA)
