@@ -58,6 +58,10 @@ REMOTE_DECODE_HEADER = "x-sim-remote-decode"
 """Marks the sidecar's prefill-only call to a prefill worker."""
 PREFILLED_BY_HEADER = "x-sim-prefilled-by"
 """On a decode worker's answer: the prefill worker's instance that prefilled it."""
+RESUMABLE = frozenset({Api.RESPONSES, Api.CHAT})
+"""APIs whose answer id a later request may name as ``previous_response_id``: Responses, and
+Chat as the Semantic Router's live benchmark chains it (vLLM ignores the field there; this
+instance resumes it, so a chained turn routed to another worker is refused and counted)."""
 
 
 @dataclass(frozen=True)
@@ -378,13 +382,13 @@ class Simulator:
     def _finish(self, api: Api, summary: RequestSummary, prompt: Prompt, reply: Reply,
                 session: str | None) -> None:
         """Remember the turn: output blocks join the cache (as vLLM's do), the session's
-        context is what hints resolve against, and Responses ids become resumable."""
+        context is what hints resolve against, and the answer's id becomes resumable."""
         reply_text = render_entries(api, FORMATS[api].history(reply))
         context = prompt.encode(prompt.text + reply_text)
         self.cache.lookup_and_insert(context)
         if session is not None:
             self.sessions.update(session, block_hashes(context, self.cfg.block_size))
-        if api is Api.RESPONSES:
+        if api in RESUMABLE:
             turn_text = prompt.new + reply_text
             self.oracle.record_response(reply.id, summary.previous_response_id, turn_text)
         self.metrics.generation_tokens.inc(reply.output_tokens)

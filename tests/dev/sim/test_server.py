@@ -184,6 +184,34 @@ async def test_foreign_tool_result_counts_a_violation(
     assert (await state(http, sim))["violations"]["tool_call"] == 1
 
 
+async def test_chat_chains_its_own_answers_by_previous_response_id(
+    start_sim: StartSim, oai: openai.AsyncOpenAI, sim: RunningSim
+) -> None:
+    """The Semantic Router's live benchmark sends a chat answer's id back as the next chat
+    turn's ``previous_response_id``: its issuer resumes it, any other instance refuses it."""
+    first = await oai.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "start"}])
+    assert first.id.startswith("chatcmpl-") and "simA" in first.id
+    raw = await oai.chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": "continue"}],
+        extra_body={"previous_response_id": first.id})
+    second = raw.parse()
+    assert raw.headers["x-sim-continuity-violations"] == "0"
+    assert sim.sim.oracle.continued["previous_response"] == 1
+    # The chain resumes the stored turn, so the prompt is longer than the turn's own message.
+    assert first.usage is not None and second.usage is not None
+    assert second.usage.prompt_tokens > first.usage.prompt_tokens + first.usage.completion_tokens
+    other = await start_sim(instance_id="simB")
+    async with openai.AsyncOpenAI(base_url=other.openai_url, api_key="x",
+                                  max_retries=0) as elsewhere:
+        with pytest.raises(openai.BadRequestError) as caught:
+            await elsewhere.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "continue"}],
+                extra_body={"previous_response_id": second.id})
+    assert caught.value.code == "previous_response_not_found"
+    assert other.sim.oracle.violations["previous_response"] == 1
+
+
 # -- Responses -------------------------------------------------------------------------------
 
 
@@ -430,7 +458,7 @@ async def test_metrics_models_health_state_reset(
     # The prompt alone fills no block; prompt plus the 16-token reply fills one.
     assert before["cache"] == {"blocks": 1, "capacity": 2048, "usage": 1 / 2048, "cpu_blocks": 0,
                                "cpu_capacity": 0}
-    assert before["issued"] == {"tool_call": 0, "response": 0, "provider_state": 0}
+    assert before["issued"] == {"tool_call": 0, "response": 1, "provider_state": 0}
     async with http.post(f"{sim.url}/admin/reset") as resp:
         after = await resp.json()
     assert after["requests"] == 0 and after["cache"]["blocks"] == 0
