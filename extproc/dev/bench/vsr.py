@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -88,7 +89,33 @@ def main(script: str, config_path: str | None, scenarios: Sequence[str], output:
                     "--scenario", scenario, "--sessions", str(sessions), "--turns", str(turns),
                     "--baseline-base-url", urls[0].rstrip("/") + "/v1", "--baseline-model", model,
                     "--output-dir", str(out / scenario)]
+            before = stack.continuity()
             code = run_scenario(module, argv)
-            results[scenario] = {"exit": code, "target_p95_ms": TARGETS_MS[scenario]}
+            results[scenario] = {"exit": code, **verdict(scenario, out / scenario),
+                                 **_since(before, stack.continuity())}
     print(json.dumps(results, indent=2))
     return 0
+
+
+def verdict(scenario: str, folder: Path) -> dict[str, Any]:
+    """What their reports say against issue 15's line: the p95 router overhead, the success
+    of both runs and their script's violation counts."""
+    comparison = json.loads((folder / "comparison.json").read_text())
+    router = json.loads((folder / "summary.json").read_text())
+    direct = json.loads((folder / "baseline" / "summary.json").read_text())
+    overhead = comparison["router_overhead_ms"]["p95"]
+    return {"p95_overhead_ms": overhead, "target_p95_ms": TARGETS_MS[scenario],
+            "met": overhead <= TARGETS_MS[scenario] and router["success_rate"] == 1.0
+            and not any(comparison["router_violations"].values()),
+            "router_p95_ms": router["latency_ms"]["p95"],
+            "direct_p95_ms": direct["latency_ms"]["p95"],
+            "success": {"router": router["success_rate"], "direct": direct["success_rate"]},
+            "their_violations": comparison["router_violations"]}
+
+
+def _since(before: dict[str, Counter[str]], after: dict[str, Counter[str]]) -> dict[str, Any]:
+    """The simulators' own judgement of the scenario (both runs): chained ids they issued
+    (``continued``) and ids they never issued (``violations``; their script invents its
+    tool-call ids, so ``tool_call`` counts those, routed or direct)."""
+    return {f"simulators_{key}": {kind: after[key][kind] - before[key][kind]
+                                  for kind in after[key]} for key in after}
