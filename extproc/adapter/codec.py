@@ -123,11 +123,24 @@ _BODY_KINDS = {ex.Phase.REQUEST_BODY: "request_body", ex.Phase.RESPONSE_BODY: "r
 
 class Routing:
     """How a route is written for this gateway: the cluster header Envoy's route reads and the
-    model header HTTPRoute rules match (none: not set)."""
+    model header HTTPRoute rules match (none: not set); ``diagnostic_headers``: the response
+    headers carry the diagnostics too (Envoy does not render them from the metadata)."""
 
-    def __init__(self, cluster_header: str, model_header: str | None) -> None:
+    def __init__(self, cluster_header: str, model_header: str | None, *,
+                 diagnostic_headers: bool = True) -> None:
         self.cluster_header = cluster_header
         self.model_header = model_header
+        self.diagnostic_headers = diagnostic_headers
+        self._rendered: Routing | None = None
+
+    def rendered(self) -> Routing:
+        """The same routing for an Envoy that renders the diagnostics itself."""
+        if not self.diagnostic_headers:
+            return self
+        if self._rendered is None:
+            self._rendered = Routing(self.cluster_header, self.model_header,
+                                     diagnostic_headers=False)
+        return self._rendered
 
     def routed(self, routed: Routed) -> ep.ProcessingResponse:
         """The reply to a buffered body: the route, the pick and the rewritten body in one."""
@@ -176,8 +189,11 @@ class Routing:
         if phase is ex.Phase.RESPONSE_HEADERS:
             reply = ep.ProcessingResponse(response_headers=ep.HeadersResponse())
             if command.routed is not None:
-                reply.response_headers.response.header_mutation.set_headers.extend(
-                    _diagnostic_headers(command.routed))
+                headers = _pick_headers(command.routed)
+                if self.diagnostic_headers:
+                    headers += _diagnostic_headers(command.routed)
+                if headers:
+                    reply.response_headers.response.header_mutation.set_headers.extend(headers)
             if command.read_body:
                 reply.mode_override.CopyFrom(_BUFFER_RESPONSE)
             return reply
@@ -215,9 +231,15 @@ class Routing:
 
 def _diagnostic_headers(routed: Routed) -> list[core.HeaderValueOption]:
     """The diagnostics as response headers too, for gateways that do not render the ``saar``
-    metadata (a local Envoy renders the same values from it)."""
-    out = [_header(name, value)
-           for name, value in zip(_HEADER_NAMES, routed.diagnostics, strict=True)]
+    metadata (an Envoy configured by ``bootstrap`` renders the same values from it)."""
+    return [_header(name, value)
+            for name, value in zip(_HEADER_NAMES, routed.diagnostics, strict=True)]
+
+
+def _pick_headers(routed: Routed) -> list[core.HeaderValueOption]:
+    """The endpoints the processor picked, which no Envoy renders: the worker first (where the
+    lock or the score sent it), and the prefill worker when it split the request."""
+    out = []
     if routed.workers:
         out.append(_header(PICK_HEADER, routed.workers[0]))
     if routed.placement.prefill is not None:
