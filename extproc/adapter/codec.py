@@ -7,6 +7,7 @@ read here once, what a reply must look like is written here once, and the exchan
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 
 from envoy.config.core.v3 import base_pb2 as core
@@ -174,6 +175,8 @@ class Routing:
     def continued(self, command: ex.Continue) -> ep.ProcessingResponse:
         phase = command.phase
         if phase is ex.Phase.REQUEST_HEADERS:
+            if not (command.remove or command.path is not None or command.skip):
+                return _PLAIN[phase]
             common = ep.CommonResponse(status=ep.CommonResponse.CONTINUE)
             mutation = common.header_mutation
             if command.remove:
@@ -187,29 +190,32 @@ class Routing:
                 reply.mode_override.CopyFrom(_PASS_THROUGH)
             return reply
         if phase is ex.Phase.RESPONSE_HEADERS:
-            reply = ep.ProcessingResponse(response_headers=ep.HeadersResponse())
+            headers = []
             if command.routed is not None:
                 headers = _pick_headers(command.routed)
                 if self.diagnostic_headers:
                     headers += _diagnostic_headers(command.routed)
-                if headers:
-                    reply.response_headers.response.header_mutation.set_headers.extend(headers)
+            if not (headers or command.read_body):
+                return _PLAIN[phase]
+            reply = ep.ProcessingResponse(response_headers=ep.HeadersResponse())
+            if headers:
+                reply.response_headers.response.header_mutation.set_headers.extend(headers)
             if command.read_body:
                 reply.mode_override.CopyFrom(_BUFFER_RESPONSE)
             return reply
-        return _continue(phase)
+        return _PLAIN[phase]
 
     def _routing(self, routed: Routed) -> tuple[ep.CommonResponse, struct_pb2.Struct]:
         common = ep.CommonResponse(status=ep.CommonResponse.CONTINUE, clear_route_cache=True)
-        headers = [_header(self.cluster_header, routed.cluster)]
+        headers = [_named(self.cluster_header, routed.cluster)]
         if self.model_header:
-            headers.append(_header(self.model_header, routed.model))
+            headers.append(_named(self.model_header, routed.model))
         metadata = struct_pb2.Struct()
         fields = metadata.fields[METADATA_NAMESPACE].struct_value.fields
         for key, value in zip(_METADATA_KEYS, routed.diagnostics, strict=True):
             fields[key].string_value = value
         if routed.stream:
-            headers.append(_header(OBSERVE_HEADER, "1"))
+            headers.append(_named(OBSERVE_HEADER, "1"))
             fields[TURN_KEY].string_value = routed.turn.to_wire()
             fields[API_KEY].string_value = routed.api.value
         workers = routed.workers
@@ -219,10 +225,10 @@ class Routing:
             # the next host of the list: a hard lock's retries stay with its issuer's worker.
             if routed.locked:
                 workers = (workers[0],) * (MODEL_RETRIES + 1)
-            headers.append(_header(DESTINATION_HEADER, routed.workers[0]))
+            headers.append(_named(DESTINATION_HEADER, routed.workers[0]))
             prefill = routed.placement.prefill
             if prefill is not None:
-                headers.append(_header(PREFILL_HEADER, prefill))
+                headers.append(_named(PREFILL_HEADER, prefill))
             lb = metadata.fields[LB_NAMESPACE].struct_value.fields
             lb[DESTINATION_HEADER].string_value = ",".join(workers)
         common.header_mutation.set_headers.extend(headers)
@@ -241,9 +247,9 @@ def _pick_headers(routed: Routed) -> list[core.HeaderValueOption]:
     lock or the score sent it), and the prefill worker when it split the request."""
     out = []
     if routed.workers:
-        out.append(_header(PICK_HEADER, routed.workers[0]))
+        out.append(_named(PICK_HEADER, routed.workers[0]))
     if routed.placement.prefill is not None:
-        out.append(_header(PREFILL_PICK_HEADER, routed.placement.prefill))
+        out.append(_named(PREFILL_PICK_HEADER, routed.placement.prefill))
     return out
 
 
@@ -287,18 +293,17 @@ def hold_reply(timeout: float) -> ep.ProcessingResponse:
         seconds=int(-(-timeout // 1)) + 1))
 
 
-def _continue(phase: ex.Phase) -> ep.ProcessingResponse:
-    if phase is ex.Phase.REQUEST_BODY:
-        return ep.ProcessingResponse(request_body=ep.BodyResponse())
-    if phase is ex.Phase.RESPONSE_BODY:
-        return ep.ProcessingResponse(response_body=ep.BodyResponse())
-    if phase is ex.Phase.REQUEST_TRAILERS:
-        return ep.ProcessingResponse(request_trailers=ep.TrailersResponse())
-    if phase is ex.Phase.RESPONSE_TRAILERS:
-        return ep.ProcessingResponse(response_trailers=ep.TrailersResponse())
-    if phase is ex.Phase.REQUEST_HEADERS:
-        return ep.ProcessingResponse(request_headers=ep.HeadersResponse())
-    return ep.ProcessingResponse(response_headers=ep.HeadersResponse())
+_PLAIN = {
+    ex.Phase.REQUEST_HEADERS: ep.ProcessingResponse(request_headers=ep.HeadersResponse(
+        response=ep.CommonResponse(status=ep.CommonResponse.CONTINUE))),
+    ex.Phase.REQUEST_BODY: ep.ProcessingResponse(request_body=ep.BodyResponse()),
+    ex.Phase.REQUEST_TRAILERS: ep.ProcessingResponse(request_trailers=ep.TrailersResponse()),
+    ex.Phase.RESPONSE_HEADERS: ep.ProcessingResponse(response_headers=ep.HeadersResponse()),
+    ex.Phase.RESPONSE_BODY: ep.ProcessingResponse(response_body=ep.BodyResponse()),
+    ex.Phase.RESPONSE_TRAILERS: ep.ProcessingResponse(response_trailers=ep.TrailersResponse()),
+}
+"""Each phase's reply that changes nothing, made once: gRPC only serializes a reply, so one
+message serves every stream (never change one)."""
 
 
 def _header(key: str, value: str) -> core.HeaderValueOption:
@@ -306,6 +311,11 @@ def _header(key: str, value: str) -> core.HeaderValueOption:
     return core.HeaderValueOption(
         header=core.HeaderValue(key=key, raw_value=value.encode()), append_action=_OVERWRITE
     )
+
+
+_named = functools.lru_cache(maxsize=4096)(_header)
+"""A header whose value is one of few (a cluster, a model, a worker), made once: appending it
+to a reply copies it."""
 
 
 def _headers_dict(message: ep.HttpHeaders) -> dict[str, str]:
