@@ -308,6 +308,13 @@ def _bench_soak(args: argparse.Namespace) -> int:
                                       window_s=args.window), as_json=args.json)
 
 
+def _bench_hangup(args: argparse.Namespace) -> int:
+    from .dev.bench.hangup import main
+
+    return main(args.config, clients=args.clients, warmup=args.warmup,
+                concurrency=args.concurrency, linger=args.linger, as_json=args.json)
+
+
 def _bench_vsr(args: argparse.Namespace) -> int:
     from .dev.bench.vsr import SCENARIOS, main
 
@@ -516,6 +523,20 @@ def build_parser() -> argparse.ArgumentParser:
     soak.add_argument("--config", default=None, help="default: config/example.yaml")
     soak.add_argument("--json", action="store_true", help="last stdout line is JSON")
     soak.set_defaults(func=_bench_soak)
+    hangup = bench_sub.add_parser(
+        "hangup", help="clients that hang up before any answer: the processor's RSS and "
+        "tables after them")
+    hangup.add_argument("--clients", type=int, default=20_000,
+                        help="clients measured, after the warm-up (default 20000)")
+    hangup.add_argument("--warmup", type=int, default=2_000,
+                        help="clients before the first sample (default 2000)")
+    hangup.add_argument("--concurrency", type=int, default=32,
+                        help="clients at a time (default 32)")
+    hangup.add_argument("--linger", type=float, default=0.2,
+                        help="seconds between sending and hanging up (default 0.2)")
+    hangup.add_argument("--config", default=None, help="default: config/example.yaml")
+    hangup.add_argument("--json", action="store_true", help="last stdout line is JSON")
+    hangup.set_defaults(func=_bench_hangup)
     vsr = bench_sub.add_parser(
         "vsr", help="the Semantic Router's live benchmark through Envoy + saar, and direct to "
         "one worker for its overhead figure")
@@ -572,4 +593,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.verbose and isinstance(exc, Failed):
             raise
         print(f"saar: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a file named on the command line (or in a config) is unusable
+        if args.verbose or exc.filename is None:
+            raise
+        print(f"saar: {exc.filename}: {exc.strerror}", file=sys.stderr)
         return 2

@@ -23,7 +23,7 @@ from pydantic.dataclasses import dataclass
 from .adapter.contract import CLUSTER_HEADER, MODEL_HEADER
 from .apis.normalise import CLAUDE_CODE_BILLING
 
-_SCHEMA = ConfigDict(extra="forbid")
+_SCHEMA = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 Number = Annotated[float, Strict()]
 """A YAML number (an integer is fine, a string or a boolean is not)."""
 Positive = Annotated[Number, Field(gt=0)]
@@ -68,8 +68,11 @@ class Tls:
     (a rotated Secret needs no restart). Off: plaintext, for a local Envoy."""
 
     enabled: StrictBool = False
+    """Serve TLS on the gRPC port (without files: a self-signed certificate made at start)."""
     cert_file: StrictStr | None = None
+    """PEM certificate (chain), read again when it changes; with ``key_file``."""
     key_file: StrictStr | None = None
+    """The PEM private key of ``cert_file``."""
 
     def __post_init__(self) -> None:
         if (self.cert_file is None) != (self.key_file is None):
@@ -79,8 +82,12 @@ class Tls:
 @dataclass(frozen=True, config=_SCHEMA)
 class Server:
     host: StrictStr = "127.0.0.1"
+    """The address both ports listen on (``0.0.0.0``: every interface)."""
     grpc_port: Port = 9002
+    """ext_proc, gRPC health and the ``saar.v1.Replay`` service."""
     http_port: Port = 9090
+    """``/metrics``, ``/healthz``, the replay API (``/v1/replay``, ``/v1/sessions``,
+    ``/v1/timeline``) and the web view (``/ui``)."""
     drain_seconds: NonNegative = 1.0
     """On SIGTERM: not ready for this long (Envoy's health check moves new streams to the
     other replicas) before the server stops."""
@@ -94,8 +101,11 @@ class Pricing:
     """US dollars per million tokens."""
 
     prompt: NonNegative = 1.0
+    """USD per million prompt tokens the model computes (uncached)."""
     cached_input: NonNegative = 0.1
+    """USD per million prompt tokens served from its prefix cache."""
     completion: NonNegative = 4.0
+    """USD per million output tokens."""
 
 
 @dataclass(frozen=True, config=_SCHEMA)
@@ -103,7 +113,7 @@ class WorkerSpec:
     address: Address
     """``host:port`` of the model server."""
     metrics_url: StrictStr | None = None
-    """Defaults to ``http://{address}/metrics``."""
+    """Where its Prometheus metrics are scraped (default ``http://{address}/metrics``)."""
     kv_events: StrictStr | None = None
     """ZMQ endpoint of its KV-event publisher, e.g. ``tcp://10.0.0.5:5557``."""
     role: Role = "both"
@@ -121,12 +131,20 @@ class Model:
     """
 
     cluster: Name
+    """The Envoy cluster serving this model (what the processor writes into
+    ``routing.cluster_header``)."""
     endpoints: tuple[Address, ...] = ()
+    """``host:port`` of its workers: the generated Envoy cluster's members and the pool the
+    scheduler picks from."""
     workers: tuple[WorkerSpec, ...] = ()
     """Workers with more to say than ``endpoints`` (metrics URL, KV-event publisher)."""
     pricing: Pricing = field(default_factory=Pricing)
     quality: Fraction = 0.5
+    """0..1, matched against a turn's difficulty: a model below it loses twice the gap, one above a
+    quarter of it."""
     context_window: AtLeastOne = 131072
+    """Tokens: a context larger than this never goes to this model (``GET /v1/models`` reports
+    it)."""
     strip_volatile_preambles: StrictBool | None = None
     """Cut volatile preambles from the body sent to this model's workers; None follows
     ``routing.prompt_normalisation.strip_upstream``."""
@@ -146,25 +164,47 @@ class SessionAware:
     """SAAR's knobs, with the defaults of vLLM Semantic Router; the last three are ours."""
 
     base_method: Literal["hybrid"] = "hybrid"
+    """Base scores: ``hybrid``, a model's fit to the turn's difficulty less 0.35 × its prompt price
+    relative to the dearest candidate (the only method)."""
     idle_timeout_seconds: NonNegative = 300.0
-    """0 turns the idle boundary off."""
+    """A session idle longer than this reopens selection (0: never)."""
     min_turns_before_switch: Count = 1
+    """A priced switch waits until the session has run this many turns."""
     switch_margin: NonNegative = 0.05
+    """A switch must beat staying by this much, after every bias and price."""
     stay_bias: NonNegative = 0.10
+    """Added to the current model's score."""
     tool_loop_hard_lock: StrictBool = True
+    """Tool results go to the model (and worker) that issued the calls, whatever the price."""
     context_portability_hard_lock: StrictBool = True
+    """``previous_response_id``, encrypted reasoning and signed thinking blocks go to the model (and
+    worker) that issued them."""
     decision_drift_reset: StrictBool = True
+    """A turn that matches another decision on its content (keywords, regex) reopens selection."""
     idle_reset: StrictBool = True
+    """A session idle longer than ``idle_timeout_seconds`` reopens selection."""
     switch_pricing: StrictBool = True
+    """Price a switch by the prefix cache it throws away (off: for ablations)."""
     tool_loop_stay_bias: NonNegative = 0.35
+    """The current model's bonus, instead of ``stay_bias``, while the session is in a tool loop."""
     prefix_cache_weight: NonNegative = 0.20
+    """Weight, in score, of a switch's transition price counted in reference turns."""
     handoff_penalty_weight: NonNegative = 1.0
+    """Times ``default_handoff_penalty``: the flat cost of any switch."""
     default_handoff_penalty: NonNegative = 0.05
+    """The flat cost of any switch, before ``handoff_penalty_weight``."""
     quality_gap_multiplier: Positive = 1.0
+    """Scales every base score."""
     max_cache_cost_multiplier: NonNegative = 2.5
+    """Cap of a transition price, in reference turns (32,768 tokens at the dearest candidate's
+    prompt price)."""
     switch_history_weight: NonNegative = 0.04
+    """Penalty of a session that has switched often: this × min(switches / 8, 1)."""
     remaining_turn_prior_weight: NonNegative = 1.0
+    """Weight of the turns expected to reuse the warm prefix: prior = this × min(1, remaining turns
+    / ``remaining_turn_prior_horizon``)."""
     remaining_turn_prior_horizon: AtLeastOne = 8
+    """Remaining turns from which the warm prefix counts in full."""
     remaining_turn_prior: Annotated[Number, Field(ge=0, le=10_000)] = 0.0
     """Turns a session of this decision is expected to run after its first (Semantic Router's
     ``remaining_turn_prior``: the mean session length − 1). At a session's turn ``t`` it expects
@@ -188,12 +228,14 @@ class SessionAware:
 @dataclass(frozen=True, config=_SCHEMA)
 class Algorithm:
     type: Literal["session_aware"] = "session_aware"
+    """``session_aware`` (SAAR), the only algorithm."""
     session_aware: SessionAware = field(default_factory=SessionAware)
 
 
 @dataclass(frozen=True, config=_SCHEMA)
 class ModelRef:
     model: Name
+    """A physical model's name (a key of ``models``)."""
 
 
 @dataclass(frozen=True, config=_SCHEMA)
@@ -203,20 +245,29 @@ class Rules:
     keywords: tuple[NonEmpty, ...] = ()
     """Whole words or phrases of the latest turn, any case (``ok`` does not match ``token``)."""
     regex: tuple[StrictStr, ...] = ()
+    """Regular expressions searched in the latest turn, any case; one match is enough."""
     min_context_tokens: Count = 0
+    """The context must be at least this large."""
     max_context_tokens: Count = 0
-    """0 = no upper bound."""
+    """The context must be at most this large (0: no bound)."""
     tools: StrictBool | None = None
+    """true: the request must offer tools; false: it must offer none; null: either."""
     apis: tuple[Literal["openai_chat", "openai_responses", "anthropic_messages"], ...] = ()
+    """The request's API must be one of these (empty: any)."""
     headers: dict[str, StrictStr] = field(default_factory=dict)
+    """Header name → the exact value the request must carry."""
 
 
 @dataclass(frozen=True, config=_SCHEMA)
 class Decision:
     name: Name
+    """Named by ``x-saar-decision``, the replay records and the metrics."""
     modelRefs: tuple[ModelRef, ...]
+    """The candidate models (``- model: NAME``)."""
     priority: StrictInt = 0
+    """Decisions are tried highest first; the first whose rules match wins."""
     difficulty: Fraction = 0.5
+    """0..1: how hard a turn of this decision is, matched against each model's ``quality``."""
     rules: Rules = field(default_factory=Rules)
     algorithm: Algorithm = field(default_factory=Algorithm)
 
@@ -232,14 +283,23 @@ class PromptNormalisation:
     turns it off (``models.<name>.strip_volatile_preambles: false``)."""
 
     volatile_preambles: tuple[NonEmpty, ...] = (CLAUDE_CODE_BILLING,)
+    """Regular expressions matched at the start of a system prompt: text a harness puts there that
+    changes per session or request."""
     strip_upstream: StrictBool = True
+    """Also cut them from the body sent to the engine (per model:
+    ``models.NAME.strip_volatile_preambles``)."""
 
 
 @dataclass(frozen=True, config=_SCHEMA)
 class Routing:
     logical_models: tuple[Name, ...] = ("auto",)
+    """Names that go through SAAR; a physical model's name routes to it directly."""
     cluster_header: HeaderName = CLUSTER_HEADER
+    """The request header the processor sets to the chosen model's cluster, which the route's
+    ``cluster_header`` reads (the client's copy is removed)."""
     decisions: tuple[Decision, ...] = ()
+    """Routing decisions: the first (by ``priority``) whose rules match a turn names its candidate
+    models."""
     model_header: HeaderName = MODEL_HEADER
     """Set to the physical model on every routed request: what HTTPRoute rules match to pick
     that model's InferencePool (the client's copy is always removed)."""
@@ -249,13 +309,22 @@ class Routing:
     client sent it (Envoy need not copy it back), the answer's ``model`` is the logical one
     and ``x-saar-selected-model`` names the physical one."""
     prompt_normalisation: PromptNormalisation = field(default_factory=PromptNormalisation)
+    side_request_max_tokens: Count = 4096
+    """A request that opens a conversation of its own, offers no tools and holds at most this
+    many context tokens is light; naming a model other than its session's usual one, it is a
+    side request (OpenCode's title request, Claude Code's haiku calls): served, but it neither
+    places nor moves the session, nor counts as its turn (``core.side``). 0: off."""
 
 
 @dataclass(frozen=True, config=_SCHEMA)
 class Identity:
     tenant_header: HeaderName | None = None
+    """A header a trusted filter in front of Envoy sets to the tenant; without it the tenant is a
+    keyed hash of the caller's ``authorization`` / ``x-api-key``."""
     extra_session_headers: tuple[HeaderName, ...] = ()
+    """More session-id headers, read after the built-in families (lowest precedence)."""
     max_value_bytes: Annotated[StrictInt, Field(ge=16, le=4096)] = 256
+    """Longer ids (and ids with control characters) are replaced by their hash."""
     tenant_secret_file: StrictStr | None = None
     """The key of the tenant hash (at least 16 bytes). Without it, a replica with the Redis
     store shares one kept there; a lone in-process router draws a random one."""
@@ -264,6 +333,7 @@ class Identity:
 @dataclass(frozen=True, config=_SCHEMA)
 class Limits:
     max_body_bytes: Annotated[StrictInt, Field(ge=1, le=1 << 30)] = 8 * 1024 * 1024
+    """Larger request bodies are refused with 413."""
     large_body_bytes: AtLeastOne = 1024 * 1024
     """A body this large (by content-length, else as it arrived) is a large body."""
     large_bodies_per_tenant: AtLeastOne = 2
@@ -282,8 +352,12 @@ class Limits:
 @dataclass(frozen=True, config=_SCHEMA)
 class Memory:
     max_sessions: AtLeastOne = 100_000
+    """Session records kept in this process, least recently used dropped first (the prompt memo and
+    the per-session figures are bounded by it too)."""
     session_ttl_seconds: Positive = 3600.0
+    """A session record lives this long after its last write (here and in the shared store)."""
     max_owned_ids: AtLeastOne = 1_000_000
+    """Issued ids (tool calls, responses, provider state) whose owner this process keeps."""
     owner_ttl_seconds: Positive = 86400.0
     """How long an issued id (tool call, response, provider state) keeps its owner."""
 
@@ -294,11 +368,14 @@ class State:
     shared by replicas and kept across restarts."""
 
     store: Literal["memory", "redis"] = "memory"
+    """``memory`` (this process) or ``redis`` (Redis or Valkey: shared by replicas, kept across
+    restarts)."""
     redis_url: Annotated[StrictStr, Field(pattern=_REDIS_URL)] = "redis://127.0.0.1:6379/0"
     """One server (``redis://``, ``rediss://``, ``unix://``), or a Redis / Valkey Cluster:
     ``redis+cluster://host:port[,host:port…]`` names seed nodes (``rediss+cluster://`` for
     TLS); see docs/state.md."""
     key_prefix: Annotated[StrictStr, Field(pattern=_KEY_PREFIX)] = "saar"
+    """The namespace of every key in the store (deployments sharing a store need their own)."""
     timeout_ms: Annotated[Number, Field(gt=0, le=10_000)] = 50.0
     """The request path never waits longer than this on the shared store."""
     max_backlog: AtLeastOne = 100_000
@@ -316,7 +393,9 @@ class Health:
     cooldown."""
 
     failure_threshold: AtLeastOne = 3
+    """Consecutive 502/503/504/529 answers that take a model out (a 500 never does)."""
     cooldown_seconds: Positive = 5.0
+    """How long a model taken out stays out."""
     locked_hold_seconds: Annotated[Number, Field(ge=0, le=50)] = 10.0
     """A request a hard lock binds to a model that is taken out waits at the processor this
     long at most for the model to come back (0: answer 503 at once)."""
@@ -325,7 +404,9 @@ class Health:
 @dataclass(frozen=True, config=_SCHEMA)
 class Replay:
     capacity: AtLeastOne = 10_000
+    """Records kept in memory, the oldest dropped first."""
     jsonl_path: StrictStr | None = None
+    """Also append every record (its decision, then its outcome) to this JSONL file."""
     mooncake_trace_path: StrictStr | None = None
     """Also write every request as a content-free Mooncake trace row (``saar simulate --trace``)."""
 
@@ -348,14 +429,17 @@ class Otlp:
     OpenTelemetry is imported (``pip install 'saar-extproc[otel]'`` to turn it on)."""
 
     enabled: StrictBool = False
+    """Export a span per routed request."""
     endpoint: StrictStr = "http://127.0.0.1:4317"
     """The collector's OTLP/gRPC address; ``https://`` for TLS."""
     headers: dict[StrictStr, StrictStr] = field(default_factory=dict)
     """Sent with every export (a collector's API key, for instance)."""
     service_name: Name = "saar-extproc"
+    """The resource's ``service.name``."""
     sample_ratio: Fraction = 1.0
     """Of the traces the client did not decide (a sampled ``traceparent`` is always kept)."""
     timeout_seconds: Positive = 10.0
+    """An export's deadline."""
 
 
 @dataclass(frozen=True, config=_SCHEMA)
@@ -364,11 +448,13 @@ class SharedReplay:
     path, so an ``x-replay-id`` one replica gave resolves on every other."""
 
     enabled: StrictBool = True
+    """With ``state.store: redis``, write the records to the store."""
     ttl_seconds: Positive = 3600.0
     """A record lives this long in the store (memory ≈ request rate × TTL × ~2 KB)."""
     session_records: AtLeastOne = 256
     """Ids kept per session (the newest)."""
     flush_seconds: Annotated[Number, Field(gt=0, le=10)] = 0.05
+    """The writer's period: records are written in batches this often."""
     max_pending: AtLeastOne = 10_000
     """Records waiting to be written; beyond, the oldest wait is dropped (and counted)."""
 
@@ -387,8 +473,11 @@ class TierWeightsConfig:
     the approximate index has one tier). Dynamo credits host hits 0.75 and disk 0.25."""
 
     device: Fraction = 1.0
+    """A block in the worker's GPU memory."""
     cpu: Fraction = 0.75
+    """A block in its host memory (a copy back, no prefill)."""
     disk: Fraction = 0.25
+    """A block on its disk tier."""
     shared: Fraction = 0.5
     """A block in the shared pool beyond the worker's device prefix (a network transfer)."""
 
@@ -400,6 +489,7 @@ class SharedPoolConfig:
     endpoint: StrictStr | None = None
     """ZMQ endpoint of its publisher (``tcp://host:5557``); none: no shared pool."""
     topic: StrictStr = ""
+    """The ZMQ topic subscribed to (empty: every topic)."""
     objects_per_block: AtLeastOne = 1
     """Physical objects a block is stored as (tensor-parallel ranks x K/V when stored apart):
     a block counts once all are in."""
@@ -411,9 +501,15 @@ class PrefixIndexConfig:
     events and needs the model's ``tokenizer.json``."""
 
     mode: Literal["approximate", "precise"] = "approximate"
+    """``approximate`` (learnt from routing) or ``precise`` (vLLM's KV events over ZMQ,
+    ``models.NAME.workers[].kv_events``)."""
     chars_per_block: AtLeastOne = 64
+    """Approximate index: characters of the rendered prompt per block."""
     default_capacity_blocks: AtLeastOne = 65536
+    """Approximate index: blocks remembered per worker (an LRU) until the server reports its KV
+    capacity."""
     tokenizer: StrictStr | None = None
+    """The model's local ``tokenizer.json`` (needed by ``precise``)."""
     tier_weights: TierWeightsConfig = field(default_factory=TierWeightsConfig)
     shared_pool: SharedPoolConfig = field(default_factory=SharedPoolConfig)
 
@@ -424,8 +520,11 @@ class KvHintsConfig:
     /v1/kv/hints`` to each worker, batched off the request path, best effort."""
 
     enabled: StrictBool = False
+    """Send KV hints to the workers."""
     timeout_seconds: Annotated[Number, Field(gt=0, le=10)] = 0.5
+    """A delivery slower than this loses its batch (hints are advice)."""
     flush_seconds: Annotated[Number, Field(ge=0.005, le=10)] = 0.05
+    """The sender's period: hints are batched per worker this long."""
     max_pending: AtLeastOne = 10_000
     """Hints waiting for delivery at most; the oldest are dropped past it (and counted)."""
     min_share_tokens: Count = 1024
@@ -438,20 +537,34 @@ class Admission:
     at their tool boundary, resume them when it has room."""
 
     enabled: StrictBool = False
+    """Pause the smallest ACTING sessions of an oversubscribed worker at their tool boundary; resume
+    them when it has room."""
     tick_seconds: Positive = 5.0
+    """The control period."""
     pause_threshold: Positive = 1.15
-    """U counts every program's whole context, but sessions on one worker share their system
-    prompt (and sub-agents their parent's context) in the prefix cache, so U overstates the KV
-    they need: ThunderAgent's 0.95 paused sessions that still fit (-15% throughput at 64 agent
-    sessions in ``saar simulate``); 1.15 pauses only under real oversubscription."""
+    """At this U a worker's smallest ACTING sessions are paused. U counts every program's whole
+    context, but sessions on one worker share their system prompt (and sub-agents their parent's
+    context) in the prefix cache, so U overstates the KV they need: ThunderAgent's 0.95 paused
+    sessions that still fit (-15% throughput at 64 agent sessions in ``saar simulate``); 1.15 pauses
+    only under real oversubscription."""
     resume_target: Positive = 1.00
+    """Pausing stops once a worker's U is down to this."""
     demote_threshold: Positive = 1.00
+    """From this U up to ``pause_threshold`` a worker's sessions are demoted."""
     hysteresis: NonNegative = 0.10
+    """Paused sessions resume while U stays at or below ``pause_threshold`` − this."""
     demote_priority: Number = -2.0
+    """Seconds a demoted session's next turn moves in its worker's queue (negative: back). Applied
+    by ``saar simulate``'s engines; the live router sends engines no priority."""
     resume_priority: Number = 1.0
+    """Seconds a resumed session's next turn moves ahead in its worker's queue (as
+    ``demote_priority``)."""
     buffer_tokens: Count = 100
+    """Added to a session's tokens (its last prompt and answer): the room its next turn needs."""
     acting_weight: Fraction = 1.0
+    """Weight of an ACTING session's tokens in U (between turns its KV may be evicted)."""
     forced_resume_seconds: Positive = 1800.0
+    """A session paused, or a new one held, this long goes ahead whatever U is: none starves."""
     hold_new_sessions: StrictBool = False
     """Also hold sessions admission has never seen while anything is paused or no worker has
     room under ``admit_threshold``, so freed room goes to paused programs first. Off by default:
@@ -468,6 +581,9 @@ class Admission:
     on_paused: Literal["hold", "reject"] = "hold"
     """``hold`` the request at the processor until resumed, or ``reject`` it with 429."""
     hold_timeout_seconds: Positive = 30.0
+    """The longest a paused session's request is held at the processor (``on_paused: hold``), then
+    it goes ahead; an admitted new session whose first turn does not come within it loses its
+    reservation."""
     host_weight: Fraction = 0.05
     """Share of a worker's host-memory KV tier (``num_cpu_blocks``) that U counts as capacity
     beside the device pool: a session waiting there comes back at the cost of a copy, not a
@@ -482,6 +598,8 @@ class Discovery:
     workers file) or ``kubernetes`` (the ready pods an InferencePool selects, watched)."""
 
     mode: Literal["static", "kubernetes"] = "static"
+    """``static`` (``models.NAME.endpoints`` / ``workers`` and ``scheduling.workers_file``) or
+    ``kubernetes`` (the ready pods of ``inference_pool``, watched)."""
     namespace: Name | None = None
     """The InferencePool's namespace; default: this pod's (``POD_NAMESPACE``, else the
     service account's)."""
@@ -555,6 +673,8 @@ class FlowControl:
     attained service, then a new session's first turn last (``docs/flow-control.md``)."""
 
     enabled: StrictBool = False
+    """Queue requests while their pool is saturated, dispatched fairly (off: every request is placed
+    at once)."""
     queue_depth_threshold: AtLeastOne = 5
     """A worker with this many requests waiting (as scraped, plus what was sent to it since)
     is saturated (llm-d's saturation detector default)."""
@@ -570,13 +690,19 @@ class FlowControl:
     tenant_weights: dict[Name, Positive] = field(default_factory=dict)
     """Tenant → share weight (default 1): a tenant of weight 2 gets twice the service."""
     classes: dict[Name, PriorityClass] = field(default_factory=_default_classes)
+    """Priority classes by name."""
     default_class: Name = "interactive"
+    """The class of a request that names none or an unknown one (a key of ``classes``)."""
     class_header: HeaderName = "x-saar-class"
     """The request header naming its class (an unknown name is the default class)."""
     deadline_header: HeaderName = "x-saar-deadline-ms"
     """Milliseconds the client will wait at most: the request is never queued past it."""
     ttft_header: HeaderName = "x-saar-slo-ttft-ms"
+    """The request header carrying its time-to-first-token target in milliseconds (overrides its
+    class's)."""
     tpot_header: HeaderName = "x-saar-slo-tpot-ms"
+    """The request header carrying its per-output-token target in milliseconds (overrides its
+    class's)."""
     max_programs: AtLeastOne = 10_000
     """Programs whose attained service is remembered (the oldest forgotten first)."""
 
@@ -590,6 +716,7 @@ class Scheduling:
     """Worker scoring inside a model's pool (weights as the Gateway API Inference Extension)."""
 
     enabled: StrictBool = True
+    """Pick the worker inside a model's pool (a pool of one worker is left to Envoy)."""
     scorers: dict[StrictStr, NonNegative] = field(default_factory=lambda: _default_weights())
     """Scorer name → weight (0 leaves it out); the names and defaults are the plugin
     registry's (``scheduling.plugins``)."""
@@ -597,6 +724,7 @@ class Scheduling:
     """``weighted`` (scorers × weights) or ``dynamo`` (overlap weight × uncached prefill blocks +
     active decode blocks, lowest wins)."""
     overlap_weight: NonNegative = 1.0
+    """``dynamo`` cost form: the weight of uncached prefill blocks against active decode blocks."""
     session_idle_seconds: Positive = 120.0
     """The ``active_sessions`` scorer counts a session on its worker until it has not been
     routed for this long (longer than most tool calls, shorter than a finished session's
@@ -604,8 +732,11 @@ class Scheduling:
     max_waiting_per_worker: Count = 0
     """Shed load with 429 when every eligible worker has more waiting requests (0 = never)."""
     scrape_interval_seconds: Annotated[Number, Field(ge=0.01)] = 0.05
-    """Scraping every worker more often than every 10 ms makes real servers unresponsive."""
+    """How often each worker's ``/metrics`` is read (vLLM's and SGLang's names); more often than
+    every 10 ms makes real servers unresponsive."""
     staleness_seconds: Positive = 2.0
+    """A worker not scraped for this long is stale: the scorers lean on the router's own in-flight
+    counts, and it is not ready (``inference_pool_ready_pods``)."""
     workers_file: StrictStr | None = None
     """YAML ``{model: [host:port, ...]}`` reloaded when it changes, without a restart."""
     prefix: PrefixIndexConfig = field(default_factory=PrefixIndexConfig)
@@ -622,6 +753,8 @@ class Scheduling:
 @dataclass(frozen=True, config=_SCHEMA)
 class Config:
     models: dict[Name, Model]
+    """The physical models by name: the name the body's ``model`` is rewritten to, so the one the
+    model server serves."""
     routing: Routing = field(default_factory=Routing)
     server: Server = field(default_factory=Server)
     identity: Identity = field(default_factory=Identity)

@@ -116,6 +116,9 @@ class RequestSummary:
     """No answer of a model is in the history yet: the conversation's first request."""
     answer_mark: str | None = None
     """The mark of the newest answer text in the history (``apis.answer_mark``)."""
+    task_marks: tuple[str, ...] = ()
+    """A first request's: the marks of its first user message's text (``apis.task_marks``),
+    the task a tool call of another session may have given it."""
     may_issue: bool = True
     """The answer may carry ids the router must own: tools are offered (a call may come back),
     the API issues response ids (Responses), or signed thinking was asked for (Messages)."""
@@ -183,3 +186,6 @@ class ResponseSummary:
     finish_reason: str | None = None
     text: str = ""
     """The head of the answer's text (Chat), which its mark is made of (``apis.answer_mark``)."""
+    arguments: dict[int, str | None] = field(default_factory=dict)
+    """The arguments of the answer's tool calls by position (None: too long to keep), which
+    their task marks are made of (``apis.task_mark``)."""

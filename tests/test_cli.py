@@ -235,6 +235,31 @@ def test_serve_says_in_one_line_that_its_replay_sink_cannot_be_written(tmp_path)
     assert f"replay.jsonl_path: {blocker} is not a directory" in err
 
 
+@pytest.mark.parametrize("args", [
+    pytest.param(["demo", "--config", "{missing}"], id="demo config"),
+    pytest.param(["simulate", "--trace", "{missing}"], id="simulate trace"),
+    pytest.param(["replay", "what-if", "--replay", "{missing}", "--config", "{example}"],
+                 id="what-if records"),
+    pytest.param(["trace", "export", "--replay", "{missing}", "--out", "{tmp}/timeline.json"],
+                 id="trace export records"),
+    pytest.param(["replay-trace", "--trace", "{missing}", "--url", "http://127.0.0.1:9"],
+                 id="replay-trace trace"),
+    pytest.param(["trace", "export", "--replay", "{empty}", "--out", "{tmp}/no-dir/t.json"],
+                 id="trace export out"),
+])
+def test_a_file_that_cannot_be_read_or_written_is_one_line(args, tmp_path, capsys):
+    from tests.conftest import EXAMPLE_CONFIG
+
+    (tmp_path / "empty.jsonl").write_text("")
+    names = {"missing": tmp_path / "missing.jsonl", "example": EXAMPLE_CONFIG, "tmp": tmp_path,
+             "empty": tmp_path / "empty.jsonl"}
+    args = [a.format(**names) for a in args]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    (line,) = err.splitlines()
+    assert line.startswith("saar: ") and line.endswith(": No such file or directory"), err
+
+
 def test_replay_show_without_a_server_is_one_line(capsys):
     from extproc.dev.harness import free_port
 

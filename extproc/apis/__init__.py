@@ -6,7 +6,7 @@ the parse of a body, the rendering of its entries, the reading of its answer. Th
 package knows none of them and dispatches through ``formats.FORMATS``.
 """
 
-from .common import answer_mark, fingerprint
+from .common import answer_mark, fingerprint, task_mark
 from .normalise import DEFAULT_PREAMBLES, Preambles, strip_preambles
 from .observer import ResponseObserver
 from .parse import CHARS_PER_TOKEN, parse_request
@@ -29,4 +29,5 @@ __all__ = [
     "render_prompt",
     "rewrite_model",
     "strip_preambles",
+    "task_mark",
 ]

@@ -27,8 +27,10 @@ from .common import (
     last_user_content,
     latest,
     nonempty_str,
+    record_arguments,
     record_call,
     record_text,
+    task_marks,
     text,
 )
 
@@ -94,6 +96,8 @@ def parse(body: dict[str, Any]) -> Facts:
         conversation=conversation(None, messages, first_user),
         opening=answered < 0,
         answer_mark=answer_mark(said),
+        task_marks=task_marks(messages[first_user].get("content"))
+        if answered < 0 and first_user >= 0 else (),
     )
 
 
@@ -120,8 +124,9 @@ def document(summary: ResponseSummary, doc: dict[str, Any]) -> None:
         message = as_dict(choice.get("message"))
         record_text(summary, message.get("content"))
         for call in as_list(message.get("tool_calls")):
-            call = as_dict(call)
-            record_call(summary, call.get("id"), as_dict(call.get("function")).get("name"))
+            call, function = as_dict(call), as_dict(as_dict(call).get("function"))
+            record_arguments(summary, len(summary.arguments), function.get("arguments"))
+            record_call(summary, call.get("id"), function.get("name"))
         summary.finish_reason = nonempty_str(choice.get("finish_reason")) or summary.finish_reason
     _usage(summary, doc.get("usage"))
 
@@ -134,9 +139,14 @@ def event(summary: ResponseSummary, chunk: dict[str, Any]) -> bool:
         delta = as_dict(choice.get("delta"))
         record_text(summary, delta.get("content"))
         for call in as_list(delta.get("tool_calls")):
-            call = as_dict(call)
-            if nonempty_str(call.get("id")):
-                record_call(summary, call["id"], as_dict(call.get("function")).get("name"))
+            call, function = as_dict(call), as_dict(as_dict(call).get("function"))
+            starts = nonempty_str(call.get("id")) is not None
+            position = call.get("index")
+            if type(position) is not int:  # a server that numbers no calls: one at a time
+                position = len(summary.arguments) - (0 if starts else 1)
+            record_arguments(summary, position, function.get("arguments"))
+            if starts:
+                record_call(summary, call["id"], function.get("name"))
         summary.finish_reason = nonempty_str(choice.get("finish_reason")) or summary.finish_reason
     _usage(summary, chunk.get("usage"))
     return False

@@ -47,6 +47,7 @@ class Facts:
     session_hint: str | None = None
     session_hint_source: str | None = None
     opening: bool = False
+    task_marks: tuple[str, ...] = ()
 
 
 def fingerprint(kind: str, value: str) -> str:
@@ -63,6 +64,60 @@ def answer_mark(text: str) -> str | None:
     Code's memory-extraction side agent resends a plain run's history, which holds no id)."""
     head = text.strip()[:ANSWER_MARK_CHARS]
     return fingerprint("answer", head) if head else None
+
+
+TASK_MIN_CHARS = 16
+"""Shorter text marks no task: a word or a flag names nothing of one call."""
+TASK_PARTS = 8
+"""Parts of a first user message whose marks are looked up (the newest ones)."""
+ARGUMENTS_KEPT = 32 * 1024
+"""Characters of a tool call's arguments kept for its task mark; past them, no mark."""
+
+
+def task_mark(arguments: str) -> str | None:
+    """The key a tool call's task text is known by, like an id the call issued: the longest
+    string among its top-level arguments (all of a free-form tool's input), trimmed, its head
+    hashed. A sub-agent's first request carries the task its parent's spawn call gave it and
+    nothing else of the parent (Qwen Code's ``agent`` tool): the mark links the two."""
+    try:
+        value: Any = orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        value = arguments
+    if isinstance(value, dict):
+        value = max((v for v in value.values() if isinstance(v, str)), key=len, default="")
+    return _task_text_mark(value) if isinstance(value, str) else None
+
+
+def task_marks(content: Any) -> tuple[str, ...]:
+    """The marks of the text a first user message carries, part by part (reminders left out):
+    where a sub-agent's task is found (``task_mark``)."""
+    parts = [content] if isinstance(content, str) else [
+        block if isinstance(block, str) else block.get("text")
+        for block in as_list(content)
+        if isinstance(block, str) or (isinstance(block, dict)
+                                      and block.get("type") in _TEXT_TYPES)]
+    marks: dict[str, None] = {}
+    for part in parts[-TASK_PARTS:]:
+        if isinstance(part, str) and (mark := _task_text_mark(
+                _REMINDER.sub("", part) if "<system-reminder>" in part else part)):
+            marks[mark] = None
+    return tuple(marks)
+
+
+def _task_text_mark(value: str) -> str | None:
+    head = value.strip()[:ANSWER_MARK_CHARS]
+    return fingerprint("task", head) if len(head) >= TASK_MIN_CHARS else None
+
+
+def record_arguments(summary: ResponseSummary, position: Any, piece: Any) -> None:
+    """A piece of the arguments of the answer's tool call at ``position`` (its index in the
+    answer), kept while under ``ARGUMENTS_KEPT`` (past it, None: that call marks no task)."""
+    if type(position) is not int or not isinstance(piece, str):
+        return
+    kept = summary.arguments.get(position, "")
+    if kept is not None:
+        whole = kept + piece
+        summary.arguments[position] = whole if len(whole) <= ARGUMENTS_KEPT else None
 
 
 def record_text(summary: ResponseSummary, piece: Any) -> None:

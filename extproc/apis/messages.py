@@ -29,7 +29,9 @@ from .common import (
     last_user_content,
     latest,
     nonempty_str,
+    record_arguments,
     record_call,
+    task_marks,
     text,
 )
 
@@ -101,6 +103,8 @@ def parse(body: dict[str, Any]) -> Facts:
         session_hint=session,
         session_hint_source=HINT_SOURCE if session else None,
         opening=answered < 0,
+        task_marks=task_marks(messages[first_user].get("content"))
+        if answered < 0 and first_user >= 0 else (),
     )
 
 
@@ -134,8 +138,8 @@ def turns(message: dict[str, Any]) -> Iterator[Turn]:
 
 
 def document(summary: ResponseSummary, doc: dict[str, Any]) -> None:
-    for block in as_list(doc.get("content")):
-        _answer_block(summary, as_dict(block))
+    for position, block in enumerate(as_list(doc.get("content"))):
+        _answer_block(summary, as_dict(block), position)
     summary.finish_reason = nonempty_str(doc.get("stop_reason")) or summary.finish_reason
     _usage(summary, doc.get("usage"))
 
@@ -147,13 +151,15 @@ def event(summary: ResponseSummary, data: dict[str, Any]) -> bool:
         summary.model = nonempty_str(message.get("model")) or summary.model
         _usage(summary, message.get("usage"))
     elif kind == "content_block_start":
-        _answer_block(summary, as_dict(data.get("content_block")))
+        _answer_block(summary, as_dict(data.get("content_block")), data.get("index"))
     elif kind == "content_block_delta":
         delta = as_dict(data.get("delta"))
         if delta.get("type") == "signature_delta" and (
             signature := nonempty_str(delta.get("signature"))
         ):
             summary.provider_state.append(fingerprint("thinking", signature))
+        elif delta.get("type") == "input_json_delta":
+            record_arguments(summary, data.get("index"), delta.get("partial_json"))
     elif kind == "message_delta":
         reason = nonempty_str(as_dict(data.get("delta")).get("stop_reason"))
         summary.finish_reason = reason or summary.finish_reason
@@ -163,9 +169,13 @@ def event(summary: ResponseSummary, data: dict[str, Any]) -> bool:
     return kind == "message_stop"
 
 
-def _answer_block(summary: ResponseSummary, block: dict[str, Any]) -> None:
+def _answer_block(summary: ResponseSummary, block: dict[str, Any], position: Any) -> None:
+    """A content block of the answer at ``position``; a streamed ``tool_use`` starts with an
+    empty input that its ``input_json_delta`` events fill."""
     if block.get("type") == "tool_use":
         record_call(summary, block.get("id"), block.get("name"))
+        given = block.get("input")
+        record_arguments(summary, position, canonical_json(given) if given else "")
     elif key := _state_key(block):
         summary.provider_state.append(key)
 

@@ -64,6 +64,7 @@ def parse_request(api: Api, raw: bytes, *, max_body_bytes: int) -> RequestSummar
         conversation=None if previous else facts.conversation,
         opening=facts.opening and previous is None,
         answer_mark=facts.answer_mark,
+        task_marks=facts.task_marks if previous is None else (),
         may_issue=_may_issue(api, body, tools),
         body=body,
         raw=raw,

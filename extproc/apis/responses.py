@@ -31,7 +31,9 @@ from .common import (
     last_user_content,
     latest,
     nonempty_str,
+    record_arguments,
     record_call,
+    task_marks,
     text,
 )
 
@@ -118,6 +120,8 @@ def parse(body: dict[str, Any]) -> Facts:
         session_hint=session,
         session_hint_source=HINT_SOURCE if session else None,
         opening=answered < 0,
+        task_marks=task_marks(items[first_user].get("content"))
+        if answered < 0 and first_user >= 0 else (),
     )
 
 
@@ -144,8 +148,8 @@ def document(summary: ResponseSummary, doc: dict[str, Any]) -> None:
     """A ``response`` object: the whole answer, or the one a terminal event restates."""
     summary.model = nonempty_str(doc.get("model")) or summary.model
     summary.response_id = nonempty_str(doc.get("id")) or summary.response_id
-    for item in as_list(doc.get("output")):
-        _output_item(summary, as_dict(item))
+    for position, item in enumerate(as_list(doc.get("output"))):
+        _output_item(summary, as_dict(item), position)
     summary.finish_reason = nonempty_str(doc.get("status")) or summary.finish_reason
     usage = doc.get("usage")
     if isinstance(usage, dict):
@@ -156,10 +160,11 @@ def document(summary: ResponseSummary, doc: dict[str, Any]) -> None:
         )
 
 
-def _output_item(summary: ResponseSummary, item: dict[str, Any]) -> None:
+def _output_item(summary: ResponseSummary, item: dict[str, Any], position: Any) -> None:
     kind = _kind(item)
     if kind.endswith("_call") and "call_id" in item:  # a call the client runs (function,
         record_call(summary, item.get("call_id"), item.get("name"))  # custom, ...)
+        record_arguments(summary, position, item.get("arguments", item.get("input")))
     elif kind == "reasoning" and (blob := nonempty_str(item.get("encrypted_content"))):
         summary.provider_state.append(fingerprint("reasoning", blob))
 
@@ -173,12 +178,13 @@ def event(summary: ResponseSummary, data: dict[str, Any]) -> bool:
     if kind == "response.created":
         summary.response_id = nonempty_str(response.get("id")) or summary.response_id
     elif kind == "response.output_item.done":
-        _output_item(summary, as_dict(data.get("item")))
+        _output_item(summary, as_dict(data.get("item")), data.get("output_index"))
     elif kind in _TERMINAL_EVENTS:
         if as_list(response.get("output")):  # start over rather than count items twice
             summary.tool_call_ids.clear()
             summary.tool_names.clear()
             summary.provider_state.clear()
+            summary.arguments.clear()
         document(summary, response)
         return True
     return False

@@ -8,8 +8,11 @@ default) is followed by the ids its history holds: a ``previous_response_id``, a
 provider-state blob belongs to the session whose answer issued it (the owner the locks already
 record; resolved by the store, see ``chained``), so a run's turns and its resumes are one
 session. A first request (no answer in its history) opens a new session (``opened``): two runs
-that open alike never merge. Only a conversation that carries no such id at all is named by
-its fingerprint (system prompt and first user turn, reminders left out).
+that open alike never merge; when its first user message carries the task text of a tool
+call another session's answer issued (a sub-agent's task), that session is its parent
+(``parented``), and the new session's record keeps it. Only a conversation that carries no
+such id at all is named by its fingerprint (system prompt and first user turn, reminders
+left out).
 
 Values are client-controlled, so they are capped and keyed under the caller's tenant: one caller
 can name any session it likes but only ever reaches its own.
@@ -174,6 +177,23 @@ def opened(identity: SessionIdentity, name: str) -> SessionIdentity:
     if not identity.opens or identity.session_id is not None:
         return identity
     return replace(identity, session_id=CONVERSATION_PREFIX + name)
+
+
+def parented(identity: SessionIdentity, remembered: str | None,
+             spawner: str | None) -> SessionIdentity:
+    """``identity`` with its parent when the request names none: the parent its session's
+    record ``remembered``, else, for a first request that opened a session, ``spawner`` (the
+    session, ``tenant/id``, whose answer's tool call carried the task the request opens
+    with: Qwen Code's sub-agents name nothing else of their parent)."""
+    if identity.parent_session_id is not None or identity.session_id is None:
+        return identity
+    parent = remembered
+    prefix = identity.tenant + "/"
+    if parent is None and identity.opens and spawner is not None and spawner.startswith(prefix):
+        parent = spawner[len(prefix):]
+    if parent is None or parent == identity.session_id:
+        return identity
+    return replace(identity, parent_session_id=parent)
 
 
 def _is_compaction(metadata: str | None) -> bool:

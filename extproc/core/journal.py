@@ -80,6 +80,9 @@ class Outcome:
     """The stream ended before any response headers: the client hung up."""
     latency_ms: float | None = None
     """Set when the routing stream ends."""
+    first_chunk_ms: float | None = None
+    """A streamed answer's first event passed, this long after the request started (its
+    time to first token)."""
     refused: str | None = None
     """The error code of a decision answered with a refusal."""
     retry_after: int | None = None

@@ -34,6 +34,7 @@ from ..apis import (
     peek_model,
     rewrite_model,
     strip_preambles,
+    task_mark,
 )
 from ..config import Config
 from ..errors import LockedModelDown, RequestShed, RoutingError, SessionPaused
@@ -47,11 +48,13 @@ from ..state.records import owner_key as scoped
 from ..state.store import Facts, Query
 from ..state.table import SessionTable
 from ..types import Action, Api, Clock, RequestSummary, ResponseSummary, SessionIdentity
+from . import side
 from .health import ModelHealth
-from .identity import IdentityReader, chained, opened
+from .identity import IdentityReader, chained, opened, parented
 from .journal import Decided, Held, Journal, Outcome, Timings
 from .paths import api_for as api_for  # re-exported: which requests are API calls
 from .saar import RoutingDecision, SaarEngine, issuer
+from .side import Standing
 
 UNCLAIMED_SECONDS = 2.0
 """How long after its routing stream ended a streamed answer may still have ids to claim here."""
@@ -210,6 +213,8 @@ class Router:
             chain = scoped(tenant, trail)
             if chain not in ids:
                 ids = (*ids, chain)
+        if identity.opens:  # a sub-agent's task, if another session's tool call gave it
+            ids = (*ids, *(scoped(tenant, mark) for mark in summary.task_marks))
         query = Query(identity.key, ids, chain)
         return Request(summary, identity, headers, query, started, parsed, time.perf_counter(),
                        spans, prompt)
@@ -297,13 +302,21 @@ class Router:
         replay_id = self._new_id()
         identity = opened(chained(request.identity, facts.session_key), replay_id)
         state = facts.session if identity.key == facts.session_key else None
+        identity = parented(identity, state.parent if state is not None else None,
+                            _spawner(request, facts))
+        side_tokens = self.config.routing.side_request_max_tokens
+        standing = side.standing(summary, state, side_tokens)
+        # A side request, and the main loop's first after only light ones, are decided and
+        # placed as first requests; a side request is no turn of its session (``key``).
+        seen = state if standing in (Standing.MAIN, Standing.PROVISIONAL) else None
+        key = None if standing is Standing.SIDE else identity.key
         try:
             if not admit_paused and self.pools.admission.is_paused(identity.key):
                 assert identity.key is not None
                 tick = self.config.scheduling.admission.tick_seconds
                 raise SessionPaused(identity.key, retry_after=max(1, round(tick)))
             prompt = request.prompt or Prompt(summary, preambles=self._preambles)
-            prompt.session = identity.key  # the chain may have named it only now
+            prompt.session = key  # the chain may have named it only now
             owners = _owners(facts, state, identity)
             cached: dict[str, int | None] = {}
 
@@ -313,10 +326,12 @@ class Router:
                 return cached[model]
 
             decision = self.engine.decide(
-                summary, identity, request.headers, state, owners, cached_tokens
+                summary, identity, request.headers, seen, owners, cached_tokens
             )
+            if standing is Standing.SIDE:
+                decision = replace(decision, reason="side_request")
             decided = time.perf_counter()
-            bound = state.worker if state is not None and state.model == decision.model else None
+            bound = seen.worker if seen is not None and seen.model == decision.model else None
             pinned = decision.pinned_worker
             if pinned is None and decision.lock is None:
                 # A physical model name skips SAAR's locks, not the worker they pin to (an
@@ -324,7 +339,7 @@ class Router:
                 owner = issuer(owners, summary.continued, None)
                 if owner is not None and owner.model == decision.model:
                     pinned = owner.worker
-            arrival = self._arrival(request, identity, state, decision.model, replay_id)
+            arrival = self._arrival(request, identity, seen, decision.model, replay_id)
             wake = () if arrival is None or admitted else self._enter(arrival, decision)
             if arrival is not None:
                 room = self.pools.flow.placeable(arrival, self.pools.scored(arrival.pool),
@@ -332,7 +347,7 @@ class Router:
                 if room is not None:
                     subset = room if subset is None else (subset & room) or subset
             placement = self.pools.place(
-                prompt, decision.model, identity.key, subset, bound=bound, pinned=pinned,
+                prompt, decision.model, key, subset, bound=bound, pinned=pinned,
                 identity=identity, ttft=arrival.ttft if arrival is not None else None,
                 tpot=arrival.tpot if arrival is not None else None,
             )
@@ -359,22 +374,24 @@ class Router:
         )
         now = self.clock()
         turn = Turn(
-            replay_id, identity.key, identity.tenant, decision.model, decision.decision,
+            replay_id, key, identity.tenant, decision.model, decision.decision,
             decision.phase, decision.action is Action.SWITCH, summary.context_tokens, now,
-            placement.worker, identity.final,
+            placement.worker, identity.final, identity.parent_session_id,
+            None if side.light(summary, side_tokens) else summary.model,
+            standing is Standing.FIRST,
         )
         self.journal.decided(Decided(
             replay_id, now, summary, identity, decision, placement, state, timings,
             request.headers.get("traceparent"), cached, tuple(holds)))
-        if identity.key is not None:
-            entry = self._table.touch(identity.key)
+        if key is not None:
+            entry = self._table.touch(key)
             if summary.stream and summary.may_issue:
                 if entry.unclaimed is None:
                     entry.unclaimed = {}
                 entry.unclaimed[replay_id] = math.inf
         if summary.stream and summary.may_issue:
             self._streaming += 1
-        self.pools.started(placement, identity.key, summary.context_tokens)
+        self.pools.started(placement, key, summary.context_tokens)
         if arrival is not None:
             self._started(arrival, placement, replay_id, now, holds, admitted)
         if placement.worker is not None:
@@ -393,7 +410,7 @@ class Router:
             summary.api,
             decision.action is Action.LOCKED_KEEP,
             summary.may_issue,
-            state is None,
+            key is not None and state is None,
             arrival,
             wake,
         )
@@ -485,11 +502,14 @@ class Router:
                 del picked[next(iter(picked))]
 
     def first_token(self, turn: Turn) -> None:
-        """A streamed answer's first token passed: the predictor learns its TTFT."""
+        """A streamed answer's first token passed: the journal records its TTFT, the
+        predictor learns it."""
+        now = self.clock()
+        self.journal.completed(turn.replay_id, Outcome(
+            first_chunk_ms=round((now - turn.started) * 1000, 3)))
         picked, predictor = self._picked.get(turn.replay_id), self.pools.predictor
         if picked is None or predictor is None or picked.first is not None:
             return
-        now = self.clock()
         picked.first = now
         error = predictor.observed_ttft(picked.pool, picked.features, now - picked.at)
         if error is not None:
@@ -656,13 +676,26 @@ class LocalDriver:
 
 def issued(response: ResponseSummary) -> list[str]:
     """The ids an answer made its model own: tool calls, provider state, the response, the
-    mark of its text."""
+    mark of its text and of its tool calls' task texts."""
     ids = [*response.tool_call_ids, *response.provider_state]
     if response.response_id:
         ids.append(response.response_id)
     if mark := answer_mark(response.text):
         ids.append(mark)
+    tasks = (task_mark(a) for a in response.arguments.values() if a is not None)
+    ids += dict.fromkeys(mark for mark in tasks if mark is not None)
     return ids
+
+
+def _spawner(request: Request, facts: Facts) -> str | None:
+    """The session whose answer issued a tool call carrying the task this first request
+    opens with (its first owned task mark), if any."""
+    tenant = request.identity.tenant
+    for mark in request.summary.task_marks:
+        owner = facts.owners.get(scoped(tenant, mark))
+        if owner is not None and owner.session is not None:
+            return owner.session
+    return None
 
 
 def _owners(

@@ -1,6 +1,6 @@
 """The generated half of ``docs/configuration.md``: every configuration key with its type,
-default and range, read from the config model's own schema (``extproc.config``), so the
-reference can miss no key and state no stale default.
+default, range and meaning, read from the config model itself (``extproc.config``: its schema
+and its fields' docstrings), so the reference can miss no key and state no stale default.
 
     python -m extproc.dev.config_reference           # rewrite the generated section
     python -m extproc.dev.config_reference --check   # exit 1 when it is stale
@@ -9,14 +9,18 @@ reference can miss no key and state no stale default.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import TypeAdapter
+from pydantic_core import to_jsonable_python
 
+from .. import config as config_model
 from ..config import Config
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
@@ -26,8 +30,18 @@ _BOUNDS = (("minimum", ">="), ("exclusiveMinimum", ">"), ("maximum", "<="),
            ("exclusiveMaximum", "<"), ("minLength", "length >="), ("maxLength", "length <="))
 
 
-def rows() -> Iterator[tuple[str, str, str, str]]:
-    """(dotted key, type, default, range) of every key, depth first in declaration order."""
+class Row(NamedTuple):
+    key: str
+    """Dotted, ``[]`` for a list's items, ``NAME`` for a map's keys."""
+    type: str
+    default: str
+    range: str
+    meaning: str
+    """The field's docstring, on one line."""
+
+
+def rows() -> Iterator[Row]:
+    """Every key, depth first in declaration order."""
     schema = TypeAdapter(Config).json_schema()
     defs = schema.get("$defs", {})
     yield from _walk(schema, defs, "")
@@ -40,15 +54,17 @@ def _resolve(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     return node
 
 
-def _walk(node: dict[str, Any], defs: dict[str, Any], prefix: str) -> Iterator[
-        tuple[str, str, str, str]]:
-    for name, sub in _resolve(node, defs).get("properties", {}).items():
+def _walk(node: dict[str, Any], defs: dict[str, Any], prefix: str) -> Iterator[Row]:
+    resolved = _resolve(node, defs)
+    fields = {f.name: f for f in dataclasses.fields(getattr(config_model, resolved["title"]))}
+    for name, sub in resolved.get("properties", {}).items():
         key = f"{prefix}{name}"
         target = _object(sub, defs)
         if target is not None:
             yield from _walk(target, defs, key + ".")
             continue
-        yield key, _type(sub, defs), _default(sub), _range(sub, defs)
+        yield Row(key, _type(sub, defs), _default(sub, fields[name]), _range(sub, defs),
+                  _meaning(sub))
         for where, suffix in (("items", "[]."), ("additionalProperties", ".NAME.")):
             inner = _nested(sub, defs, where)
             if inner is not None:
@@ -89,10 +105,19 @@ def _type(node: dict[str, Any], defs: dict[str, Any]) -> str:
     return str(kind)
 
 
-def _default(node: dict[str, Any]) -> str:
-    if "default" not in node:
-        return "required"
-    return f"`{json.dumps(node['default'])}`"
+def _default(node: dict[str, Any], field: dataclasses.Field[Any]) -> str:
+    """The schema's default, else the field's factory's (the schema leaves those out)."""
+    if "default" in node:
+        return f"`{json.dumps(node['default'])}`"
+    if field.default_factory is not dataclasses.MISSING:
+        return f"`{json.dumps(to_jsonable_python(field.default_factory()))}`"
+    return "required"
+
+
+def _meaning(node: dict[str, Any]) -> str:
+    """The docstring as one table cell: one line, Markdown code spans, pipes escaped."""
+    text = " ".join(node.get("description", "").split())
+    return re.sub(r"``(.+?)``", r"`\1`", text).replace("|", "\\|")
 
 
 def _range(node: dict[str, Any], defs: dict[str, Any]) -> str:
@@ -103,9 +128,9 @@ def _range(node: dict[str, Any], defs: dict[str, Any]) -> str:
 
 
 def render() -> str:
-    lines = [BEGIN, "", "| key | type | default | range |", "|---|---|---|---|"]
-    lines += [f"| `{key}` | {kind} | {default} | {bounds} |"
-              for key, kind, default, bounds in rows()]
+    lines = [BEGIN, "", "| key | type | default | range | meaning |", "|---|---|---|---|---|"]
+    lines += [f"| `{r.key}` | {r.type} | {r.default} | {r.range} | {r.meaning} |"
+              for r in rows()]
     return "\n".join([*lines, "", END])
 
 

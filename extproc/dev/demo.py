@@ -22,10 +22,10 @@ import yaml
 from ..adapter.contract import DIAGNOSTIC_HEADERS, REPLAY_HEADER, WORKER_HEADER
 from ..observability.explain import explain
 from ..observability.timeline import timeline
+from . import EXAMPLE_CONFIG
 from .harness import Stack, run_stack
 from .records import fetch_records
 
-DEFAULT_CONFIG = Path("config/example.yaml")
 SESSION = "demo-session-1"
 SUB_AGENT = "demo-session-1-explorer"
 API_KEY = "demo-key"
@@ -146,7 +146,7 @@ def run_demo(config_path: str | None, workdir: str | Path | None = None,
     """Run the demo; ``wait`` (default: stdin is a terminal) keeps the stack up until Enter,
     so the web view can be opened."""
     place = Path(workdir or tempfile.mkdtemp(prefix="saar-demo-"))
-    config = demo_config(yaml.safe_load(Path(config_path or DEFAULT_CONFIG).read_text()), place)
+    config = demo_config(yaml.safe_load(Path(config_path or EXAMPLE_CONFIG).read_text()), place)
     token_file = Path(config["admin"]["token_file"])
     token = token_file.read_text().strip()
     with run_stack(config, workdir=place) as stack:

@@ -165,6 +165,8 @@ def _outcome(outcome: dict[str, Any]) -> str:
         parts.append(f"served by {outcome['served_worker']}")
     if outcome.get("latency_ms") is not None:
         parts.append(f"{outcome['latency_ms']} ms")
+    if outcome.get("first_chunk_ms") is not None:
+        parts.append(f"first token at {outcome['first_chunk_ms']} ms")
     usage = outcome.get("usage")
     if usage:
         parts.append(f"{usage.get('prompt_tokens')} tokens in ({usage.get('cached_tokens')} "

@@ -107,6 +107,8 @@ def outcome_fields(outcome: Outcome) -> Record:
         out["aborted"] = True
     if outcome.latency_ms is not None:
         out["latency_ms"] = outcome.latency_ms
+    if outcome.first_chunk_ms is not None:
+        out["first_chunk_ms"] = outcome.first_chunk_ms
     if outcome.refused is not None:
         out["refused"] = outcome.refused
         out["retry_after"] = outcome.retry_after

@@ -147,7 +147,7 @@ class ReplayStore:
                            "headers_ms": round((self._clock() - record["time"]) * 1000, 3)}
             done.update(outcome)
             if isinstance(kept[1], bytes):  # a late outcome: pack it again
-                self._records[replay_id] = (kept[0], orjson.dumps(record))
+                self._records[replay_id] = (kept[0], _packed(record))
         if self._sink is not None:
             self._sink.write({"event": "outcome", "replay_id": replay_id, "outcome": outcome})
         if record is not None:
@@ -205,7 +205,7 @@ class ReplayStore:
     def _pack(self, replay_id: str) -> None:
         kept = self._records.get(replay_id)
         if kept is not None and not isinstance(kept[1], bytes):
-            self._records[replay_id] = (kept[0], orjson.dumps(kept[1]))
+            self._records[replay_id] = (kept[0], _packed(kept[1]))
 
     def _evicted(self, replay_id: str, kept: tuple[SessionKey | None, Record | bytes]) -> None:
         """Records leave oldest first, so an evicted record still indexed heads its session."""
@@ -217,6 +217,12 @@ class ReplayStore:
             ids.popleft()
             if not ids:
                 del self._sessions[key]
+
+
+def _packed(record: Record) -> bytes:
+    """The record as JSON, in a buffer of its own size: orjson's output keeps the capacity it
+    grew to (8 KiB for a 1 KiB record), which ten thousand kept records would multiply."""
+    return bytes(memoryview(orjson.dumps(record)))
 
 
 def _unpacked(record: Record | bytes) -> Record:

@@ -3,12 +3,12 @@
 One process per root session, one thread (track) per session in it: the agent first, then its
 sub-agents, each named after its parent, so a sub-agent's track sits under its parent's. On a
 track, one slice per turn, holding the router's own time (``route``: parsing, the state load,
-SAAR, scheduling), the time to the response headers (``ttft``: the first token of a streamed
-answer) and the rest (``decode``); between turns, the tool time (``tool``: the answer called
-tools) or the client's own (``idle``). Instant marks flag switches, locks, resets, holds (the
-request waited at the processor before it was routed) and errors, each carrying the replay id
-and the reason. Times are microseconds since the first record (``otherData.origin_unix_s``);
-the web view draws this same document.
+SAAR, scheduling), the time to a streamed answer's first token (``ttft``: its first event;
+a record without it, its response headers) and the rest (``decode``); between turns, the tool
+time (``tool``: the answer called tools) or the client's own (``idle``). Instant marks flag
+switches, locks, resets, holds (the request waited at the processor before it was routed) and
+errors, each carrying the replay id and the reason. Times are microseconds since the first
+record (``otherData.origin_unix_s``); the web view draws this same document.
 """
 
 from __future__ import annotations
@@ -153,10 +153,10 @@ def _turn(track: _Track, record: Record, number: int, origin: float) -> list[Eve
         events.append({"ph": "X", "cat": "route", "name": "route", "ts": round(start - route, 1),
                        "dur": round(route, 1), **where,
                        "args": {"replay_id": record["replay_id"], **record["timings_us"]}})
-    headers = outcome.get("headers_ms")
+    first_ms = outcome.get("first_chunk_ms", outcome.get("headers_ms"))
     streamed = (record.get("request") or {}).get("stream")
-    if latency and headers is not None and streamed and 0 < headers * 1000 < latency:
-        first = float(headers) * 1000
+    if latency and first_ms is not None and streamed and 0 < first_ms * 1000 < latency:
+        first = float(first_ms) * 1000
         events.append({"ph": "X", "cat": "ttft", "name": "ttft", "ts": start,
                        "dur": round(first, 1), **where, "args": {"replay_id": record["replay_id"]}})
         events.append({"ph": "X", "cat": "decode", "name": "decode",

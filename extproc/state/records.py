@@ -56,6 +56,12 @@ class SessionRecord:
     overwrites what the newer one set."""
     version: int = 0
     """Bumped by every write; the Redis store's compare-and-set compares it."""
+    parent: str | None = None
+    """The session this one is a sub-agent of (its id, in the same tenant), as its first
+    turn found it: a later request that names no session (Qwen Code) finds it here."""
+    requested: str | None = None
+    """The model its latest request that was not light named (the session's usual model,
+    ``core.side``); None while it has made only light requests."""
 
     @property
     def reported_cache_ratio(self) -> float | None:
@@ -72,7 +78,8 @@ class SessionRecord:
             self.switches, self.switch_times, self.context_tokens,
             self.estimated_reuse_tokens, self.reported_prompt_tokens,
             self.reported_cached_tokens, self.last_replay_id, self.recent,
-            self.issued, self.issued_worker, self.last_started, self.version,
+            self.issued, self.issued_worker, self.last_started, self.version, self.parent,
+            self.requested,
         )
 
 
@@ -102,25 +109,35 @@ class Turn:
     worker: str | None = None
     """The picked worker; the commit replaces it by the one Envoy really used, when known."""
     final: bool = False
+    parent: str | None = None
+    """The session's parent (``SessionRecord.parent``)."""
+    requested: str | None = None
+    """The model the request named, unless it was light (``SessionRecord.requested``)."""
+    restart: bool = False
+    """The main loop's first request after only light ones (``core.side``): the session's
+    record starts afresh with this turn."""
 
     def to_wire(self) -> str:
         """A metadata string value (JSON)."""
         return orjson.dumps(
             [self.replay_id, self.session_key, self.tenant, self.model, self.decision,
              self.phase.value, self.switched, self.context_tokens, self.started, self.worker,
-             self.final]
+             self.final, self.parent, self.requested, self.restart]
         ).decode()
 
     @classmethod
     def from_wire(cls, data: str) -> Turn:
-        """Raises ``ValueError`` on anything but what ``to_wire`` wrote."""
+        """Raises ``ValueError`` on anything but what ``to_wire`` wrote (or, without its last
+        three fields, what a replica of the version before wrote)."""
         try:
             (replay_id, session_key, tenant, model, decision, phase, switched, tokens, started,
-             worker, final) = orjson.loads(data)
-        except (orjson.JSONDecodeError, TypeError) as exc:
+             worker, final, *later) = orjson.loads(data)
+        except (orjson.JSONDecodeError, TypeError, ValueError) as exc:
             raise ValueError(f"not a turn: {exc}") from None
+        if len(later) not in (0, 3):
+            raise ValueError(f"not a turn: {len(later)} fields past the eleventh")
         return cls(replay_id, session_key, tenant, model, decision, Phase(phase), switched,
-                   tokens, started, worker, final)
+                   tokens, started, worker, final, *later)
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +188,10 @@ def commit(
             record.worker = turn.worker
         return record, False
     if record is None:
-        record = SessionRecord(turn.model, turn.decision, turn.phase, now)
+        record = SessionRecord(turn.model, turn.decision, turn.phase, now, parent=turn.parent)
+    elif turn.restart:  # the light turns before it are forgotten, not their replay ids
+        record = SessionRecord(turn.model, turn.decision, turn.phase, now, recent=record.recent,
+                               version=record.version, parent=turn.parent or record.parent)
     elif turn.started < record.last_started:
         record.turns += 1
         record.recent = (*record.recent[-(RECENT_TURNS_KEPT - 1):], turn.replay_id)
@@ -194,6 +214,7 @@ def commit(
     record.last_started = turn.started
     record.recent = (*record.recent[-(RECENT_TURNS_KEPT - 1):], turn.replay_id)
     record.issued, record.issued_worker = (), None  # answered, or left behind by this turn
+    record.requested = turn.requested or record.requested
     return record, moved
 
 
@@ -251,17 +272,20 @@ def pack_record(record: SessionRecord) -> bytes:
          record.turns, record.switches, record.switch_times, record.context_tokens,
          record.estimated_reuse_tokens, record.reported_prompt_tokens,
          record.reported_cached_tokens, record.last_replay_id, record.recent, record.issued,
-         record.issued_worker, record.last_started]
+         record.issued_worker, record.last_started, record.parent, record.requested]
     )
 
 
 def unpack_record(data: bytes, version: int) -> SessionRecord:
+    """A record ``pack_record`` wrote (or, without its last two fields, the version before
+    wrote)."""
     (model, decision, phase, last_seen, worker, turns, switches, switch_times, context,
      reuse, prompt, cached, last_replay_id, recent, issued, issued_worker,
-     last_started) = msgpack.unpackb(data)
+     last_started, *later) = msgpack.unpackb(data)
     return SessionRecord(model, decision, Phase(phase), last_seen, worker, turns, switches,
                          tuple(switch_times), context, reuse, prompt, cached, last_replay_id,
-                         tuple(recent), tuple(issued), issued_worker, last_started, version)
+                         tuple(recent), tuple(issued), issued_worker, last_started, version,
+                         *later[:2])
 
 
 OWNER_SEPARATOR = "\x00"

@@ -493,6 +493,26 @@ def test_the_observe_stream_claims_as_ids_pass_and_finishes_the_turn(loop):
     assert observer.stage is ex.Stage.DONE
 
 
+def test_a_streamed_answers_first_chunk_is_timed_once(loop, clock):
+    """The record's outcome gets ``first_chunk_ms`` (time to first token) from the first
+    chunk that carries an event, measured from the decision; later chunks leave it."""
+    loop(RequestHeaders(CHAT))
+    loop(RequestBody(chat(stream=True)))
+    routed = loop.exchange._routed
+    assert routed is not None
+    loop.new()
+    loop(Observe(routed.turn, routed.api))
+    clock.advance(0.25)
+    loop(ResponseBody(b"", end=False))  # an empty chunk is no token
+    clock.advance(0.125)
+    half = len(SSE_CALL) // 2
+    loop(ResponseBody(SSE_CALL[:half], end=False))
+    clock.advance(1.0)
+    loop(ResponseBody(SSE_CALL[half:], end=False))
+    outcome = loop.parts.replay.get(routed.replay_id)["outcome"]
+    assert outcome["first_chunk_ms"] == 375.0
+
+
 def test_an_observe_stream_cut_short_finishes_with_what_it_saw(loop):
     routing = loop.exchange
     loop(RequestHeaders(CHAT))

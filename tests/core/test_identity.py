@@ -153,6 +153,34 @@ def test_a_first_request_opens_a_session_named_by_its_replay_id():
     assert opened(named, "rp-1").session_id == "s"
 
 
+@pytest.mark.parametrize(
+    ("headers", "fields", "remembered", "spawner", "parent"),
+    [
+        # A first request naming nothing, whose task a session's tool call gave: its child.
+        ({}, {"opening": True}, None, "T/s-run", "s-run"),
+        # ... but only a session of its own tenant.
+        ({}, {"opening": True}, None, "k-other/s-run", None),
+        # A later turn of that sub-agent: the parent its record remembers.
+        ({}, {"tool_call_ids": ("call_1",)}, "s-run", None, "s-run"),
+        # A continuation is never re-parented by a task mark, only by its record.
+        ({}, {"tool_call_ids": ("call_1",)}, None, "T/s-run", None),
+        # Headers that name the parent win over both.
+        ({"x-session-id": "s", "x-parent-session-id": "p"}, {}, "q", "T/s-run", "p"),
+        # Nothing spawned it: a root.
+        ({}, {"opening": True}, None, None, None),
+    ],
+)
+def test_a_session_that_names_no_parent_gets_the_one_its_task_or_record_tells(
+        headers, fields, remembered, spawner, parent):
+    from extproc.core.identity import chained, opened, parented
+
+    identity = IdentityReader(tenant_header="x-tenant").read(
+        {"x-tenant": "1", **headers}, summary(**fields))
+    resolved = opened(chained(identity, f"{identity.tenant}/s-sub"), "rp-1")
+    spawned = None if spawner is None else spawner.replace("T/", f"{identity.tenant}/")
+    assert parented(resolved, remembered, spawned).parent_session_id == parent
+
+
 def test_control_characters_never_reach_a_key():
     """The store separates fields with NUL: an id holding one is hashed, like a long one."""
     identity = reader.read({"x-session-id": "a\x00b"})

@@ -93,3 +93,67 @@ def test_a_side_agent_resending_a_runs_answer_joins_that_run(driver):
     unknown = said(driver, side_agent("Say hello", "Never answered here."), "")
     assert first_side == first and second_side == second
     assert len({first, second, unknown}) == 3
+
+
+TASK = "Run this and report its output: [[run: echo sub-5]]"
+OTHER_TASK = "Find where the cache is flushed and say why."
+SUBAGENT = "You are a general-purpose subagent working for a parent agent."
+
+
+def spawn(call_id: str, task: str) -> ResponseSummary:
+    """An answer whose ``agent`` call gives a sub-agent ``task`` (Qwen Code's spawn tool)."""
+    arguments = orjson.dumps({"description": "Run a delegated command", "prompt": task})
+    return ResponseSummary(status=200, tool_call_ids=[call_id], tool_names=["agent"],
+                           arguments={0: arguments.decode()}, finish_reason="tool_calls")
+
+
+def sub_agent(task: str, history: list[dict]) -> bytes:
+    """A sub-agent's request: its own system prompt, a reminder, its task, its own history."""
+    messages = [{"role": "system", "content": SUBAGENT},
+                {"role": "user", "content": [{"type": "text", "text": REMINDER},
+                                             {"type": "text", "text": task}]},
+                *history]
+    return orjson.dumps({"model": "auto", "messages": messages, "tools": TOOLS})
+
+
+def routed_as(driver, raw: bytes, answer: ResponseSummary,
+              credential: str = "qwen") -> tuple[str, str | None]:
+    """The session a request was routed in (its id, tenant left out) and its parent."""
+    routed = driver.route(Api.CHAT, {"authorization": f"Bearer {credential}"}, raw)
+    driver.respond(routed, answer)
+    turn = routed.turn
+    assert turn.session_key is not None
+    return turn.session_key.split("/", 1)[1], turn.parent
+
+
+def answered(call_id: str | None = None) -> ResponseSummary:
+    return ResponseSummary(status=200, tool_call_ids=[call_id] if call_id else [],
+                           finish_reason="tool_calls" if call_id else "stop")
+
+
+def test_a_sub_agent_opening_with_its_spawn_calls_task_is_under_the_spawning_run(driver):
+    """Qwen Code's sub-agent names nothing of its parent but the task the parent's ``agent``
+    call gave it: the router owns that call's task text as it owns the call's id, so the
+    sub-agent opens a session of its own under the run, and keeps that parent on every
+    later turn; the same text from another tenant, or another text, opens a root."""
+    run, _ = routed_as(driver, body("Delegate it", []), spawn("call_p", TASK))
+    other_run, _ = routed_as(driver, body("Delegate that", []), spawn("call_q", OTHER_TASK))
+    steps = [
+        # (request, its answer, credential) -> (same session as, parent)
+        ((sub_agent(TASK, []), answered("call_s"), "qwen"), ("new", run)),
+        ((sub_agent(TASK, call("call_s")), answered(), "qwen"), ("sub", run)),
+        ((body("Delegate it", call("call_p")), answered(), "qwen"), ("run", None)),
+        ((sub_agent(OTHER_TASK, []), answered(), "qwen"), ("new", other_run)),
+        ((sub_agent(TASK, []), answered(), "another"), ("new", None)),
+        ((sub_agent("A task no call of this router gave.", []), answered(), "qwen"),
+         ("new", None)),
+    ]
+    seen: dict[str, str] = {"run": run}
+    for (raw, answer, credential), (same_as, parent) in steps:
+        session, got_parent = routed_as(driver, raw, answer, credential)
+        if same_as == "new":
+            assert session not in {run, other_run, *seen.values()}
+            seen.setdefault("sub", session)
+        else:
+            assert session == seen[same_as]
+        assert got_parent == parent, (same_as, parent)

@@ -498,3 +498,44 @@ def test_a_reset_does_not_throw_a_large_warm_prefix_away_unless_the_price_says_s
     if rec["candidates"]:
         cheap = next(c for c in rec["candidates"] if c["model"] == CHEAP)
         assert cheap["held"] is (expected == STRONG)
+
+
+def _lead(scores) -> float:
+    """0.5 + the margin of the best score over the next, clamped to 1 (one score: 1)."""
+    ranked = sorted(scores, reverse=True)
+    return min(1.0, 0.5 + (ranked[0] - ranked[1])) if len(ranked) > 1 else 1.0
+
+
+def _base_lead(rec) -> float:
+    return _lead(rec["base"]["scores"].values())
+
+
+def _priced_lead(rec) -> float:
+    return _lead(c["adjusted"] for c in rec["candidates"] if c["available"])
+
+
+def _certain(rec) -> float:
+    return 1.0
+
+
+@pytest.mark.parametrize(("case", "then", "expected", "reason"), [
+    ("new session", None, _base_lead, "new_session"),
+    ("priced", chat("continue"), _priced_lead, "stay_priced"),
+    ("drift reset", chat("summarise the changes"), _base_lead, "drift_reset"),
+    ("tool loop lock", chat(results=("call_c",)), _certain, "tool_loop_lock"),
+    ("physical model", orjson.dumps({"model": CHEAP, "messages": [
+        {"role": "user", "content": "hi"}]}), _certain, "physical_model"),
+])
+def test_confidence_is_half_plus_the_leading_margin(driver, case, then, expected, reason):
+    """``x-saar-confidence``: 0.5 + how far the best candidate leads the next (the base scores
+    for a new session or a reset, the adjusted ones when priced), at most 1; 1 for a lock or a
+    physical model asked for by name."""
+    calls = ["call_c"] if case == "tool loop lock" else []
+    routed = driver.send(chat(HARD), tool_call_ids=calls)
+    if then is not None:
+        routed = driver.send(then)
+    rec = driver.record(routed)
+    assert rec["reason"] == reason
+    assert rec["confidence"] == pytest.approx(expected(rec), abs=1e-3)
+    assert routed.diagnostics.confidence == f"{rec['confidence']:.3f}"
+    assert 0.5 < rec["confidence"] < 1.0 or expected(rec) == 1.0

@@ -7,8 +7,7 @@ Each CLI runs a plain task, a debugging task whose commands it really executes, 
 and a task it delegates to a sub-agent (``extproc.dev.sim.agent`` plays their model). The
 runs happen once, in the module's fixture; the tests assert from outside the router: the CLIs'
 own output, files and session ids, Envoy's access log, the simulators' continuity counters and
-the replay records. What needs the identity and normalisation work of round 2 is asserted in
-tests of its own, marked strict xfail: they fail the day they pass, to be un-marked.
+the replay records.
 """
 
 from __future__ import annotations
@@ -254,10 +253,10 @@ def test_qwen_code_with_its_opt_in_session_header_is_one_session_per_run(runs):
         assert {r["session"]["source"] for r in traffic.records} == {"x-session-id"}
 
 
-@pytest.mark.xfail(strict=True, reason="identity by the history's ids (core.identity) is in, "
-                   "but a run still shows more than one root session (2026-12-02): Qwen's "
-                   "memory-extraction side agent opens a session of its own")
 def test_qwen_code_gets_one_session_per_run_with_default_settings(runs):
+    """No id sent: a run's turns, its memory-extraction side agent (by its answer's text)
+    and its resume (by the history's ids) are one session; its sub-agent is a child of it, not
+    a second root; the same prompt in another run is another session."""
     by_name = runs.by_cli["qwen-code"]
     roots = {name: traffic.roots() for name, traffic in by_name.items()}
     assert all(len(r) == 1 for r in roots.values()), roots
@@ -265,13 +264,33 @@ def test_qwen_code_gets_one_session_per_run_with_default_settings(runs):
     assert roots["plain-again"] != roots["plain"]  # same prompt, another run
 
 
-@pytest.mark.xfail(strict=True, reason="a Qwen Code sub-agent's request names nothing of its "
-                   "parent; linking it needs the parent's spawn call fingerprinted (not built)")
 def test_qwen_code_sub_agents_are_recorded_under_their_parent(runs):
+    """Its sub-agent's first request carries the task of the parent's ``agent`` call, which
+    the parent's answer issued: the sub-agent's every turn is recorded under the parent."""
     delegate = runs.by_cli["qwen-code"]["delegate"]
     (root,) = delegate.roots()
     children = delegate.children()
     assert children and {r["session"]["parent"] for r in children} == {root}
+
+
+def test_opencodes_title_request_does_not_place_its_session(runs):
+    """The title request (no tools, the session's first) counts provisionally; the main
+    loop's first request is placed as the session's first (SAAR's new session, no binding to
+    the title's worker), and the session's record starts with it."""
+    placed = 0
+    for name, traffic in runs.by_cli["opencode"].items():
+        by_session: dict[str, list[dict[str, Any]]] = {}
+        for r in traffic.records:
+            by_session.setdefault(r["session"]["id"], []).append(r)
+        for records in by_session.values():
+            if records[0]["request"]["tools_offered"] or len(records) < 2:
+                continue
+            main = records[1]
+            affinity = main["worker"]["by_scorer"]["session_affinity"]
+            assert (main["reason"], main["phase"]) == ("new_session", "new"), name
+            assert set(affinity.values()) == {0.0}, name
+            placed += 1
+    assert placed >= 3
 
 
 def _cached_fraction(record: dict[str, Any]) -> float:

@@ -49,10 +49,13 @@ UPSTREAM: dict[str, tuple[str, set[str]]] = {
     # Envoy AI Gateway's OpenTelemetry GenAI metrics, as Prometheus names them
     "gen_ai_client_token_usage": ("histogram", _GENAI | {"gen_ai_token_type"}),
     "gen_ai_server_request_duration_seconds": ("histogram", _GENAI),
+    "gen_ai_server_time_to_first_token_seconds": ("histogram", _GENAI),
+    "gen_ai_server_time_per_output_token_seconds": ("histogram", _GENAI),
 }
-"""Name → (type, label names). ``gen_ai_server_time_to_first_token_seconds`` and
-``…time_per_output_token_seconds`` are left out: they need the first chunk's time, which the
-adapter does not stamp yet (docs/metrics.md)."""
+"""Name → (type, label names)."""
+STREAMED_ONLY = {"gen_ai_server_time_to_first_token_seconds",
+                 "gen_ai_server_time_per_output_token_seconds"}
+"""Observed for streamed answers only (Envoy AI Gateway's too): one here, a Chat Completion."""
 ON_FAILURE = {"gen_ai_server_request_duration_seconds": {"error_type"}}
 """Labels a series has only when the request failed (Envoy AI Gateway adds ``error.type``)."""
 TOKEN_TYPES = {"input", "cached_input", "output"}
@@ -129,6 +132,10 @@ def test_a_running_picker_exports_the_upstream_metrics(picker):
     failed = [s for s in families["gen_ai_server_request_duration_seconds"].samples
               if s.name.endswith("_count") and s.labels.get("error_type")]
     assert failed and all(s.labels["error_type"].isdigit() for s in failed)
+    for name in STREAMED_ONLY:
+        (streamed,) = labelled(families[name], "_count")
+        assert streamed["gen_ai_operation_name"] == "chat", (name, streamed)
+        assert sum(s.value for s in families[name].samples if s.name.endswith("_count")) == 1
     pods = {s["model_server_pod"] for s in labelled(families["inference_pool_per_pod_queue_size"])}
     assert pods == {w.removeprefix("http://") for w in picker.sims[MODEL]}
     requests = sum(s.value for s in families["inference_objective_request"].samples

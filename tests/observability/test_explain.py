@@ -72,6 +72,8 @@ WORKER = {"picked": "10.0.0.5:8000", "pinned": None, "fallbacks": ["10.0.0.6:800
                   "tool_names": ["bash"]}},
      ["outcome  HTTP 200, served by 10.0.0.5:8000, 812.5 ms, 12000 tokens in (11000 cached), "
       "40 out, finish tool_calls, called bash"], []),
+    ({"outcome": {"status": 200, "latency_ms": 900.0, "first_chunk_ms": 120.5}},
+     ["outcome  HTTP 200, 900.0 ms, first token at 120.5 ms"], []),
     ({"base": None, "reason": "physical_model", "decision": "direct", "previous_model": None,
       "session": {}, "memory": None},
      ["rp-1: no session;", "routed to it directly",

@@ -8,7 +8,8 @@ from extproc.observability.timeline import timeline
 
 def turn(n: int, time: float, session: str | None, parent: str | None = None, *,
          latency_ms: float = 100.0, status: int = 200, stream: bool = False,
-         headers_ms: float | None = None, tools: int = 0, **extra) -> dict:
+         headers_ms: float | None = None, outcome_first: float | None = None, tools: int = 0,
+         **extra) -> dict:
     return {
         "replay_id": f"rp-{n}", "time": time, "model": "m", "action": "keep", "reason": "r",
         "session": {"id": session, "tenant": "t", "parent": parent},
@@ -16,7 +17,8 @@ def turn(n: int, time: float, session: str | None, parent: str | None = None, *,
         "timings_us": {"parse": 10.0, "identity": 2.0, "load": 5.0, "saar": 20.0,
                        "scheduling": 13.0, "plugins": {}},
         "outcome": {"status": status, "latency_ms": latency_ms, "tool_calls": tools,
-                    **({"headers_ms": headers_ms} if headers_ms is not None else {})},
+                    **({"headers_ms": headers_ms} if headers_ms is not None else {}),
+                    **({"first_chunk_ms": outcome_first} if outcome_first is not None else {})},
         **extra,
     }
 
@@ -55,6 +57,10 @@ def test_streamed_turns_split_into_ttft_and_decode_and_errors_are_marked():
     events = document["traceEvents"]
     parts = {e["cat"]: (e["ts"], e["dur"]) for e in events if e.get("cat") in ("ttft", "decode")}
     assert parts == {"ttft": (0.0, 40_000.0), "decode": (40_000.0, 60_000.0)}
+    first_token = timeline([turn(1, 0.0, "s", stream=True, headers_ms=5.0, latency_ms=100.0,
+                                 outcome_first=70.0)])["traceEvents"]
+    assert [(e["ts"], e["dur"]) for e in first_token if e.get("cat") == "ttft"] == [
+        (0.0, 70_000.0)], "the first token's time, not the headers', when the record has it"
     marks = {e["name"]: e["args"] for e in events if e["ph"] == "i"}
     assert marks == {"switch a → m": {"replay_id": "rp-2", "reason": "r"},
                      "error": {"replay_id": "rp-2", "reason": "status 503"},

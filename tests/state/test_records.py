@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
+import msgpack
+import orjson
 import pytest
 
 from extproc.state.records import (
@@ -117,6 +120,26 @@ def test_wire_forms_round_trip():
         Turn.from_wire('["too", "short"]')
 
 
+def test_a_sub_agents_record_keeps_its_parent_across_the_wire_and_its_turns():
+    child = [replace(turn(n), parent="s-run") for n in (1, 2)]
+    record, _ = play([Commit(child[0]), Finish(child[0]), Commit(turn(2))])
+    assert record.parent == "s-run"  # set by the first turn, kept by later ones
+    assert unpack_record(pack_record(record), 1).parent == "s-run"
+    assert Turn.from_wire(child[1].to_wire()) == child[1]
+    with pytest.raises(ValueError):
+        Turn.from_wire(orjson.dumps([*orjson.loads(child[1].to_wire()), "extra"]).decode())
+
+
+def test_what_a_replica_of_the_version_before_wrote_still_reads():
+    """A record and a turn written without the fields this version added (a rolling
+    upgrade) read with none of them: no parent, no usual model, no restart."""
+    record, _ = play([Commit(turn(1)), Finish(turn(1), **TOOL_ANSWER)])
+    old_record = msgpack.packb(msgpack.unpackb(pack_record(record))[:17])
+    assert unpack_record(old_record, record.version) == record
+    old_turn = orjson.dumps(orjson.loads(turn(3).to_wire())[:11]).decode()
+    assert Turn.from_wire(old_turn) == turn(3)
+
+
 def test_a_copy_has_every_field_and_shares_only_what_cannot_change():
     from dataclasses import fields
 
@@ -131,3 +154,18 @@ def test_a_copy_has_every_field_and_shares_only_what_cannot_change():
     copy.turns += 1
     copy.recent += ("x",)
     assert record.turns == 2 and "x" not in record.recent
+
+
+def test_the_main_loops_first_turn_starts_the_record_afresh():
+    """After only light turns (no usual model), the main loop's first turn (``restart``)
+    replaces them: one turn, no switch, its model and worker; the light turns' replay ids
+    stay known, so one of them committed again changes nothing."""
+    title = turn(1, "m1", worker="w1")
+    main = replace(turn(2, "m2", worker="w2"), requested="auto", restart=True)
+    record, switches = play([Commit(title), Finish(title), Commit(main), Finish(main),
+                             Commit(title)])
+    assert (record.turns, record.switches, switches) == (1, 0, 0)
+    assert (record.model, record.worker, record.requested) == ("m2", "w2", "auto")
+    assert record.recent == ("rp-1", "rp-2")
+    later = play([Commit(turn(3, "m2"))], record)[0]
+    assert (later.turns, later.requested) == (2, "auto")  # a light turn keeps the usual model

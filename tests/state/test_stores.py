@@ -4,6 +4,7 @@ server and a three-primary cluster of each."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import pytest
 
@@ -63,6 +64,21 @@ async def test_a_chain_resolves_to_the_session_that_got_the_response(store, cloc
     assert facts.session.turns == 1
     unknown = await store.load(Query(None, (owner_key("t", "x"),), owner_key("t", "x")))
     assert (unknown.session_key, unknown.session) == (None, None)
+
+
+async def test_a_sub_agent_found_by_its_task_keeps_its_parent_in_the_store(store, clock):
+    """The parent's answer claims its spawn call's task mark; the sub-agent's first request
+    finds the owner (the parent) by it; the sub-agent's record keeps the parent, and a later
+    request that follows its chain reads it back."""
+    task, call = owner_key("t", "task:1f"), owner_key("t", "call_s")
+    await store.apply([Commit(turn(1, session="t/run")),
+                       Claim((task,), Owner("m1", "w1", "t/run"))], clock())
+    spawned = await store.load(Query(None, (task,)))
+    assert spawned.owners[task].session == "t/run"
+    first = replace(turn(2, session="t/sub"), parent="run")
+    await store.apply([Commit(first), Claim((call,), Owner("m1", "w1", "t/sub"))], clock())
+    later = await store.load(Query(None, (call,), call))
+    assert (later.session_key, later.session.parent) == ("t/sub", "run")
 
 
 async def test_switches_are_reported_once(store, clock):

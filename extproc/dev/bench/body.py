@@ -34,8 +34,9 @@ from envoy.config.core.v3 import base_pb2 as core
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
+from .. import EXAMPLE_CONFIG
 from ..harness import run_stack
-from .overhead import DEFAULT_CONFIG, UNTHROTTLED
+from .overhead import UNTHROTTLED
 from .passthrough import command
 from .route import MEASURED, SIZES, session_bodies
 
@@ -155,7 +156,7 @@ def main(config_path: str | None, variants: Sequence[str], sizes: Sequence[str],
     unknown = set(variants) - set(VARIANTS)
     if unknown:
         raise ValueError(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
-    base = yaml.safe_load(Path(config_path or DEFAULT_CONFIG).read_text())
+    base = yaml.safe_load(Path(config_path or EXAMPLE_CONFIG).read_text())
     cells = run(base, variants, sizes)
     print(format_table(cells), flush=True)
     if as_json:

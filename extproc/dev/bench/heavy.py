@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 import orjson
 import yaml
 
+from .. import EXAMPLE_CONFIG
 from ..harness import run_stack
 from .bodies import body
 from .load import _percentile
@@ -35,7 +36,6 @@ from .upstream import canned_upstream
 from .variants import TRANSFORMS, pointed_at
 from .wire import post_request, read_response
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[3] / "config" / "example.yaml"
 TIMEOUT = 30.0
 
 
@@ -176,7 +176,7 @@ def table(phases: Sequence[Phase], settings: Settings) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m extproc.dev.bench.heavy")
-    parser.add_argument("--config", default=str(DEFAULT_CONFIG))
+    parser.add_argument("--config", default=str(EXAMPLE_CONFIG))
     parser.add_argument("--ordinary", type=int, default=Settings.ordinary)
     parser.add_argument("--heavy", type=int, default=Settings.heavy)
     parser.add_argument("--heavy-bytes", type=int, default=Settings.heavy_bytes)

@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from .. import EXAMPLE_CONFIG
 from ..harness import run_stack
 from .bodies import DEFAULT_BODIES, STREAMED, body
 from .load import Load, LoadResult, pick_client, run_load
@@ -22,7 +23,6 @@ from .passthrough import command
 from .upstream import STREAM_HEADER, canned_upstream
 from .variants import STORES, TRANSFORMS, VARIANTS, pointed_at
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[3] / "config" / "example.yaml"
 PHYSICAL_MODEL = "qwen3-8b"
 HEADERS = {"content-type": "application/json", "x-session-id": "bench-session"}
 # Added-latency targets (ms, p50 at concurrency 1) and the req/s ceiling for saar.
@@ -165,7 +165,7 @@ lifted here."""
 
 
 def main(config_path: str | None, settings: Settings, *, as_json: bool) -> int:
-    config = yaml.safe_load(Path(config_path or DEFAULT_CONFIG).read_text())
+    config = yaml.safe_load(Path(config_path or EXAMPLE_CONFIG).read_text())
     config.setdefault("limits", {}).update(UNTHROTTLED)
     report = run_overhead(config, settings)
     print(format_table(report), flush=True)

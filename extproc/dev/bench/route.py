@@ -27,8 +27,8 @@ from ...assembly import assemble
 from ...config import Config, parse_config
 from ...core.router import LocalDriver
 from ...types import Api, ResponseSummary
+from .. import EXAMPLE_CONFIG
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[3] / "config" / "example.yaml"
 SIZES = {"2kb": 2 << 10, "64kb": 64 << 10, "256kb": 256 << 10, "1mb": 1 << 20, "4mb": 4 << 20}
 TURNS = 24
 MEASURED = 8
@@ -135,7 +135,7 @@ def format_table(rows: Sequence[Row]) -> str:
 
 
 def main(config_path: str | None, sizes: Sequence[str], *, as_json: bool) -> int:
-    config = parse_config(yaml.safe_load(Path(config_path or DEFAULT_CONFIG).read_text()))
+    config = parse_config(yaml.safe_load(Path(config_path or EXAMPLE_CONFIG).read_text()))
     rows = run(config, sizes)
     print(format_table(rows), flush=True)
     if as_json:

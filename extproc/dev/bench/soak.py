@@ -34,11 +34,11 @@ from typing import Any
 import orjson
 import yaml
 
+from .. import EXAMPLE_CONFIG
 from ..harness import Stack, run_stack
 from .load import _percentile
 from .wire import Http
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[3] / "config" / "example.yaml"
 CAPS = {"memory": {"max_sessions": 4000, "max_owned_ids": 12000},
         "replay": {"capacity": 3000}}
 """Lower than the defaults, so a ten-minute soak fills them (the defaults take hours)."""
@@ -224,7 +224,7 @@ async def drive(url: str, seconds: float, rate: float | None, loops: int,
 # -- what the processor shows --------------------------------------------------------------
 
 
-def _metrics(url: str) -> str:
+def metrics_page(url: str) -> str:
     with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
         return str(response.read().decode())
 
@@ -240,7 +240,7 @@ def _rss(stack: Stack) -> float:
 
 def sample(stack: Stack) -> dict[str, Any]:
     """RSS (MiB), tasks, series and the table sizes, now."""
-    text = _metrics(stack.processor_http)
+    text = metrics_page(stack.processor_http)
     tables: dict[str, float] = {}
     tasks = gc_seconds = gc_count = math.nan
     series = 0
@@ -433,7 +433,7 @@ def table(report: dict[str, Any]) -> str:
 
 
 def main(config_path: str | None, settings: Settings, *, as_json: bool) -> int:
-    config = yaml.safe_load(Path(config_path or DEFAULT_CONFIG).read_text())
+    config = yaml.safe_load(Path(config_path or EXAMPLE_CONFIG).read_text())
     report = run(config, settings)
     print(table(report), flush=True)
     if as_json:

@@ -24,10 +24,10 @@ from typing import Any
 import yaml
 
 from ...adapter.contract import DIAGNOSTIC_HEADERS, REPLAY_HEADER
+from .. import EXAMPLE_CONFIG
 from ..harness import run_stack
 from .passthrough import command
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[3] / "config" / "example.yaml"
 _OURS = {key: name for name, key in DIAGNOSTIC_HEADERS.items()}
 HEADER_MAP = {
     "x-vsr-selected-model": _OURS["selected_model"],
@@ -89,7 +89,7 @@ def main(script: str, config_path: str | None, scenarios: Sequence[str], output:
     if unknown:
         raise SystemExit(f"unknown variants {sorted(unknown)}; known: {list(VARIANTS)}")
     module = load_script(script)
-    config = yaml.safe_load(Path(config_path or DEFAULT_CONFIG).read_text())
+    config = yaml.safe_load(Path(config_path or EXAMPLE_CONFIG).read_text())
     results: dict[str, Any] = {}
     for variant in variants:
         out = Path(output) / variant

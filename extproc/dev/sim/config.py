@@ -137,7 +137,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cpu-tokens-per-s", type=float, default=d.cpu_tokens_per_s,
                         help="host-to-device KV copy rate")
     parser.add_argument("--record-dir", metavar="DIR",
-                        help="write every API request (headers without secrets, body) here")
+                        help="write every API request (headers without secrets, body) here, as "
+                        "INSTANCE-NNNNN.json: several simulators may share DIR")
     parser.add_argument("--role", default=d.role, choices=("prefill", "decode", "both"),
                         help="its phase in a disaggregated pool (a decode worker honours "
                              "x-prefiller-host-port as llm-d's sidecar does)")

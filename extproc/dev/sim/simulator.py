@@ -202,7 +202,7 @@ class Simulator:
         folder.mkdir(parents=True, exist_ok=True)
         doc = {"path": request.path_qs, "headers": self.last_request_headers,
                "body": body.decode(errors="replace")}
-        (folder / f"{self.requests:05d}.json").write_bytes(orjson.dumps(doc))
+        (folder / f"{self.cfg.instance_id}-{self.requests:05d}.json").write_bytes(orjson.dumps(doc))
 
     def _encoder(self, model: str) -> Callable[[str], Sequence[str] | Sequence[int]]:
         """The base model's tokens; an adapter's lead with its name, so its blocks (and its

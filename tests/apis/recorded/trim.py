@@ -2,7 +2,7 @@
 every string longer than ``KEEP`` characters cut to its head (system prompts and tool
 descriptions run to tens of kilobytes), the structure, ids and short fields as sent.
 
-    python -m tests.apis.recorded.trim DIR/00001.json NAME   # writes tests/apis/recorded/NAME.json
+    python -m tests.apis.recorded.trim DIR/qwen3-8b-0-00001.json NAME  # writes NAME.json here
 """
 
 from __future__ import annotations
