@@ -320,7 +320,7 @@ def _bench_vsr(args: argparse.Namespace) -> int:
 
     return main(args.script, args.config,
                 tuple(args.scenarios.split(",")) if args.scenarios else tuple(SCENARIOS),
-                args.output)
+                args.output, tuple(args.variants.split(",")))
 
 
 def _eval_matrix(args: argparse.Namespace) -> int:
@@ -545,6 +545,8 @@ def build_parser() -> argparse.ArgumentParser:
     vsr.add_argument("--scenarios", default=None,
                      help="comma-separated (default: balanced,stateful-heavy,tool-heavy)")
     vsr.add_argument("--output", default="vsr-bench", help="their reports go here")
+    vsr.add_argument("--variants", default="saar",
+                     help="comma-separated, of saar,passthrough (the floor, in the same run)")
     vsr.add_argument("--config", default=None, help="default: config/example.yaml")
     vsr.set_defaults(func=_bench_vsr)
 

@@ -33,6 +33,7 @@ from .contract import (
     OBSERVE_HEADER,
     OBSERVER,
     PROCESSOR,
+    RENDERS_KEY,
     ROUTING_FILTER,
     SUBSET_NAMESPACE,
     UPSTREAM_ATTRIBUTE,
@@ -150,7 +151,7 @@ def bootstrap(
                 }
             ],
         },
-        "http_filters": [_routing_filter(), _observe_filter(), _router_filter()],
+        "http_filters": [_routing_filter(renders=True), _observe_filter(), _router_filter()],
     }
     if access_log:
         hcm["access_log"] = [_access_log(access_log)]
@@ -189,7 +190,7 @@ def fragment(config: Config, ports: EnvoyPorts) -> dict[str, Any]:
     filter, in this order), the processor clusters, and the routes (before its own: the
     models list, and the routed requests by the model cluster the processor names)."""
     return {
-        "http_filters": [_routing_filter(), _observe_filter()],
+        "http_filters": [_routing_filter(renders=False), _observe_filter()],
         "clusters": processor_clusters(config, ports),
         "routes": processor_routes(config),
     }
@@ -347,18 +348,21 @@ def _observe_off() -> dict[str, Any]:
     }
 
 
-def _routing_filter() -> dict[str, Any]:
+def _routing_filter(*, renders: bool) -> dict[str, Any]:
     """One stream per request: headers, the buffered body (the reply routes and rewrites it),
-    the response headers and — switched on per request — a JSON answer's buffered body."""
+    the response headers and — switched on per request — a JSON answer's buffered body.
+    ``renders``: the virtual host adds the diagnostic headers from the ``saar`` metadata (a
+    whole bootstrap does; a fragment leaves the routes to their owner), and the filter says so
+    to the processor."""
+    grpc_service: dict[str, Any] = {"envoy_grpc": {"cluster_name": PROCESSOR}, "timeout": "5s"}
+    if renders:
+        grpc_service["initial_metadata"] = [{"key": RENDERS_KEY, "value": "1"}]
     return {
         "name": ROUTING_FILTER,
         "typed_config": {
             "@type": EXT_PROC,
             "stat_prefix": "saar",
-            "grpc_service": {
-                "envoy_grpc": {"cluster_name": PROCESSOR},
-                "timeout": "5s",
-            },
+            "grpc_service": grpc_service,
             # Fail closed: a request that bypassed the processor would keep spoofed headers.
             "failure_mode_allow": False,
             "message_timeout": "1s",

@@ -7,6 +7,7 @@ read here once, what a reply must look like is written here once, and the exchan
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 
 from envoy.config.core.v3 import base_pb2 as core
@@ -123,11 +124,24 @@ _BODY_KINDS = {ex.Phase.REQUEST_BODY: "request_body", ex.Phase.RESPONSE_BODY: "r
 
 class Routing:
     """How a route is written for this gateway: the cluster header Envoy's route reads and the
-    model header HTTPRoute rules match (none: not set)."""
+    model header HTTPRoute rules match (none: not set); ``diagnostic_headers``: the response
+    headers carry the diagnostics too (Envoy does not render them from the metadata)."""
 
-    def __init__(self, cluster_header: str, model_header: str | None) -> None:
+    def __init__(self, cluster_header: str, model_header: str | None, *,
+                 diagnostic_headers: bool = True) -> None:
         self.cluster_header = cluster_header
         self.model_header = model_header
+        self.diagnostic_headers = diagnostic_headers
+        self._rendered: Routing | None = None
+
+    def rendered(self) -> Routing:
+        """The same routing for an Envoy that renders the diagnostics itself."""
+        if not self.diagnostic_headers:
+            return self
+        if self._rendered is None:
+            self._rendered = Routing(self.cluster_header, self.model_header,
+                                     diagnostic_headers=False)
+        return self._rendered
 
     def routed(self, routed: Routed) -> ep.ProcessingResponse:
         """The reply to a buffered body: the route, the pick and the rewritten body in one."""
@@ -161,6 +175,8 @@ class Routing:
     def continued(self, command: ex.Continue) -> ep.ProcessingResponse:
         phase = command.phase
         if phase is ex.Phase.REQUEST_HEADERS:
+            if not (command.remove or command.path is not None or command.skip):
+                return _PLAIN[phase]
             common = ep.CommonResponse(status=ep.CommonResponse.CONTINUE)
             mutation = common.header_mutation
             if command.remove:
@@ -174,26 +190,32 @@ class Routing:
                 reply.mode_override.CopyFrom(_PASS_THROUGH)
             return reply
         if phase is ex.Phase.RESPONSE_HEADERS:
-            reply = ep.ProcessingResponse(response_headers=ep.HeadersResponse())
+            headers = []
             if command.routed is not None:
-                reply.response_headers.response.header_mutation.set_headers.extend(
-                    _diagnostic_headers(command.routed))
+                headers = _pick_headers(command.routed)
+                if self.diagnostic_headers:
+                    headers += _diagnostic_headers(command.routed)
+            if not (headers or command.read_body):
+                return _PLAIN[phase]
+            reply = ep.ProcessingResponse(response_headers=ep.HeadersResponse())
+            if headers:
+                reply.response_headers.response.header_mutation.set_headers.extend(headers)
             if command.read_body:
                 reply.mode_override.CopyFrom(_BUFFER_RESPONSE)
             return reply
-        return _continue(phase)
+        return _PLAIN[phase]
 
     def _routing(self, routed: Routed) -> tuple[ep.CommonResponse, struct_pb2.Struct]:
         common = ep.CommonResponse(status=ep.CommonResponse.CONTINUE, clear_route_cache=True)
-        headers = [_header(self.cluster_header, routed.cluster)]
+        headers = [_named(self.cluster_header, routed.cluster)]
         if self.model_header:
-            headers.append(_header(self.model_header, routed.model))
+            headers.append(_named(self.model_header, routed.model))
         metadata = struct_pb2.Struct()
         fields = metadata.fields[METADATA_NAMESPACE].struct_value.fields
         for key, value in zip(_METADATA_KEYS, routed.diagnostics, strict=True):
             fields[key].string_value = value
         if routed.stream:
-            headers.append(_header(OBSERVE_HEADER, "1"))
+            headers.append(_named(OBSERVE_HEADER, "1"))
             fields[TURN_KEY].string_value = routed.turn.to_wire()
             fields[API_KEY].string_value = routed.api.value
         workers = routed.workers
@@ -203,10 +225,10 @@ class Routing:
             # the next host of the list: a hard lock's retries stay with its issuer's worker.
             if routed.locked:
                 workers = (workers[0],) * (MODEL_RETRIES + 1)
-            headers.append(_header(DESTINATION_HEADER, routed.workers[0]))
+            headers.append(_named(DESTINATION_HEADER, routed.workers[0]))
             prefill = routed.placement.prefill
             if prefill is not None:
-                headers.append(_header(PREFILL_HEADER, prefill))
+                headers.append(_named(PREFILL_HEADER, prefill))
             lb = metadata.fields[LB_NAMESPACE].struct_value.fields
             lb[DESTINATION_HEADER].string_value = ",".join(workers)
         common.header_mutation.set_headers.extend(headers)
@@ -215,13 +237,19 @@ class Routing:
 
 def _diagnostic_headers(routed: Routed) -> list[core.HeaderValueOption]:
     """The diagnostics as response headers too, for gateways that do not render the ``saar``
-    metadata (a local Envoy renders the same values from it)."""
-    out = [_header(name, value)
-           for name, value in zip(_HEADER_NAMES, routed.diagnostics, strict=True)]
+    metadata (an Envoy configured by ``bootstrap`` renders the same values from it)."""
+    return [_header(name, value)
+            for name, value in zip(_HEADER_NAMES, routed.diagnostics, strict=True)]
+
+
+def _pick_headers(routed: Routed) -> list[core.HeaderValueOption]:
+    """The endpoints the processor picked, which no Envoy renders: the worker first (where the
+    lock or the score sent it), and the prefill worker when it split the request."""
+    out = []
     if routed.workers:
-        out.append(_header(PICK_HEADER, routed.workers[0]))
+        out.append(_named(PICK_HEADER, routed.workers[0]))
     if routed.placement.prefill is not None:
-        out.append(_header(PREFILL_PICK_HEADER, routed.placement.prefill))
+        out.append(_named(PREFILL_PICK_HEADER, routed.placement.prefill))
     return out
 
 
@@ -265,18 +293,17 @@ def hold_reply(timeout: float) -> ep.ProcessingResponse:
         seconds=int(-(-timeout // 1)) + 1))
 
 
-def _continue(phase: ex.Phase) -> ep.ProcessingResponse:
-    if phase is ex.Phase.REQUEST_BODY:
-        return ep.ProcessingResponse(request_body=ep.BodyResponse())
-    if phase is ex.Phase.RESPONSE_BODY:
-        return ep.ProcessingResponse(response_body=ep.BodyResponse())
-    if phase is ex.Phase.REQUEST_TRAILERS:
-        return ep.ProcessingResponse(request_trailers=ep.TrailersResponse())
-    if phase is ex.Phase.RESPONSE_TRAILERS:
-        return ep.ProcessingResponse(response_trailers=ep.TrailersResponse())
-    if phase is ex.Phase.REQUEST_HEADERS:
-        return ep.ProcessingResponse(request_headers=ep.HeadersResponse())
-    return ep.ProcessingResponse(response_headers=ep.HeadersResponse())
+_PLAIN = {
+    ex.Phase.REQUEST_HEADERS: ep.ProcessingResponse(request_headers=ep.HeadersResponse(
+        response=ep.CommonResponse(status=ep.CommonResponse.CONTINUE))),
+    ex.Phase.REQUEST_BODY: ep.ProcessingResponse(request_body=ep.BodyResponse()),
+    ex.Phase.REQUEST_TRAILERS: ep.ProcessingResponse(request_trailers=ep.TrailersResponse()),
+    ex.Phase.RESPONSE_HEADERS: ep.ProcessingResponse(response_headers=ep.HeadersResponse()),
+    ex.Phase.RESPONSE_BODY: ep.ProcessingResponse(response_body=ep.BodyResponse()),
+    ex.Phase.RESPONSE_TRAILERS: ep.ProcessingResponse(response_trailers=ep.TrailersResponse()),
+}
+"""Each phase's reply that changes nothing, made once: gRPC only serializes a reply, so one
+message serves every stream (never change one)."""
 
 
 def _header(key: str, value: str) -> core.HeaderValueOption:
@@ -284,6 +311,11 @@ def _header(key: str, value: str) -> core.HeaderValueOption:
     return core.HeaderValueOption(
         header=core.HeaderValue(key=key, raw_value=value.encode()), append_action=_OVERWRITE
     )
+
+
+_named = functools.lru_cache(maxsize=4096)(_header)
+"""A header whose value is one of few (a cluster, a model, a worker), made once: appending it
+to a reply copies it."""
 
 
 def _headers_dict(message: ep.HttpHeaders) -> dict[str, str]:

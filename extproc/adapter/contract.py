@@ -46,6 +46,10 @@ DIAGNOSTIC_HEADERS = {
     "x-saar-context-tokens": "context_tokens",
 }
 """Response header → the ``saar`` metadata key Envoy renders it from."""
+RENDERS_KEY = "x-saar-renders-diagnostics"
+"""gRPC metadata the routing filter of a config we render sends on each stream: that Envoy adds
+the diagnostic headers from the ``saar`` metadata itself, so the processor does not send them
+again with the response headers (a gateway's or an existing Envoy's filter does not say it)."""
 
 # -- metadata namespaces and keys ----------------------------------------------------------
 

@@ -9,6 +9,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
 from ..core.exchange import Exchange
+from .contract import RENDERS_KEY
 from .stream import Io, Stream, process
 
 
@@ -29,6 +30,7 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[ep.ProcessingResponse]:
         # An async generator itself: gRPC tells a streaming handler by its function's kind.
-        stream = Stream(self._exchange(), self._io)
+        rendered = any(key == RENDERS_KEY for key, _ in context.invocation_metadata() or ())
+        stream = Stream(self._exchange(), self._io, rendered=rendered)
         async for reply in process(stream, request_iterator, self._io.metrics):
             yield reply

@@ -50,9 +50,11 @@ class Io:
 class Stream:
     """One ext_proc stream (one HTTP request seen by one filter)."""
 
-    def __init__(self, exchange: ex.Exchange, io: Io) -> None:
+    def __init__(self, exchange: ex.Exchange, io: Io, *, rendered: bool = False) -> None:
+        """``rendered``: Envoy renders the diagnostics from the metadata (its filter said so)."""
         self._exchange = exchange
         self._io = io
+        self._routing = io.routing.rendered() if rendered else io.routing
         self._decoder = Decoder()
         self._early: asyncio.Task[Facts] | None = None
         self.done = False
@@ -107,7 +109,7 @@ class Stream:
         while queue:
             command = queue.pop(0)
             if isinstance(command, _REPLIES):
-                for reply in replies(command, io.routing):
+                for reply in replies(command, self._routing):
                     yield reply
             elif isinstance(command, ex.Apply):
                 if command.wait:

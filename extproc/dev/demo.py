@@ -138,12 +138,7 @@ def admin_get(stack: Stack, path: str, token: str) -> Any:
 
 
 def _violations(stack: Stack) -> int:
-    total = 0
-    for urls in stack.sims.values():
-        for url in urls:
-            with urllib.request.urlopen(f"{url}/admin/state", timeout=5) as response:
-                total += sum(json.load(response)["violations"].values())
-    return total
+    return sum(stack.continuity()["violations"].values())
 
 
 def run_demo(config_path: str | None, workdir: str | Path | None = None,

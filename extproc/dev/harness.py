@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -187,6 +188,18 @@ class Stack:
     def stop(self) -> None:
         for service in reversed(self.services):
             service.close()
+
+    def continuity(self) -> dict[str, Counter[str]]:
+        """The simulators' continuity oracles summed: ``violations`` (ids a worker was handed
+        that it never issued) and ``continued`` (ids it did issue), by kind."""
+        totals: dict[str, Counter[str]] = {"violations": Counter(), "continued": Counter()}
+        for urls in self.sims.values():
+            for url in urls:
+                with urllib.request.urlopen(f"{url}/admin/state", timeout=5) as response:
+                    state = json.load(response)
+                for key, counts in totals.items():
+                    counts.update(state[key])
+        return totals
 
 
 def _store_service(kind: str, workdir: Path, name: str | None = None, *extra: str,

@@ -104,9 +104,11 @@ class Replica:
         self.io = Io(self.state, self.waker, parts.metrics,
                      Routing(config.routing.cluster_header, config.routing.model_header), parser)
 
-    def stream(self) -> Driver:
+    def stream(self, *, rendered: bool = False) -> Driver:
+        """``rendered``: as the routing filter of a bootstrap we render (Envoy adds the
+        diagnostic headers from the metadata)."""
         return Driver(Stream(Exchange(self.router, self.parts.options, bodies=self.bodies),
-                             self.io))
+                             self.io, rendered=rendered))
 
     def session(self, replay_id: str, session: str = "s"):
         tenant = self.replay.get(replay_id)["session"]["tenant"]

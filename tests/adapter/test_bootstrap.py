@@ -15,7 +15,15 @@ from extproc.adapter.bootstrap import (
     render,
     render_fragment,
 )
-from extproc.adapter.contract import OBSERVE_FILTER, OBSERVER, PROCESSOR, ROUTING_FILTER
+from extproc.adapter.contract import (
+    DIAGNOSTIC_HEADERS,
+    METADATA_NAMESPACE,
+    OBSERVE_FILTER,
+    OBSERVER,
+    PROCESSOR,
+    RENDERS_KEY,
+    ROUTING_FILTER,
+)
 from extproc.config import Tls, load_config
 from extproc.dev.harness import envoy_binary
 from tests.conftest import EXAMPLE_CONFIG, ROOT
@@ -148,11 +156,28 @@ def test_the_fragment_is_the_filters_the_processor_clusters_and_their_routes():
     full = bootstrap(config, EnvoyPorts())
     hcm = full["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0][
         "typed_config"]
-    assert parts["http_filters"] == hcm["http_filters"][:2]        # the same, not a twin
+    filters = hcm["http_filters"][:2]
+    # The same, not a twin — but only the whole bootstrap's routes render the diagnostics.
+    service = filters[0]["typed_config"]["grpc_service"]
+    assert service.pop("initial_metadata") == [{"key": RENDERS_KEY, "value": "1"}]
+    assert parts["http_filters"] == filters
     assert parts["routes"] == hcm["route_config"]["virtual_hosts"][0]["routes"][:-1]
     text = render_fragment(config, EnvoyPorts(), source="config/example.yaml")
     assert text.startswith("# saar-extproc for an existing Envoy (config/example.yaml)")
     assert yaml.safe_load(text) == parts
+
+
+def test_a_bootstrap_that_renders_the_diagnostics_tells_the_processor():
+    """The processor leaves the diagnostic headers to Envoy only when the routing filter says
+    its virtual host renders every one of them from the ``saar`` metadata."""
+    hcm = bootstrap(load_config(EXAMPLE_CONFIG), EnvoyPorts())["static_resources"][
+        "listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    service = hcm["http_filters"][0]["typed_config"]["grpc_service"]
+    assert service["initial_metadata"] == [{"key": RENDERS_KEY, "value": "1"}]
+    added = {h["header"]["key"]: h["header"]["value"]
+             for h in hcm["route_config"]["virtual_hosts"][0]["response_headers_to_add"]}
+    for name, key in DIAGNOSTIC_HEADERS.items():
+        assert added[name] == f"%DYNAMIC_METADATA({METADATA_NAMESPACE}:{key})%"
 
 
 @pytest.mark.parametrize(("tls", "ca", "expected"), [

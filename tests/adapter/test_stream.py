@@ -22,6 +22,7 @@ from .support import (
     headers_msg,
     response_body,
     response_headers,
+    saar_metadata,
     set_headers,
     two_workers,
 )
@@ -286,3 +287,29 @@ async def test_the_served_worker_is_learnt_from_envoys_attribute(config, clock):
     assert replica.session(replay_id).worker == other
     index = replica.parts.pools.index
     assert index.held(other) == index.held(picked) > 10
+
+
+@pytest.mark.parametrize(("rendered", "diagnostics"), [(False, True), (True, False)])
+async def test_diagnostic_headers_go_with_the_answer_unless_envoy_renders_them(
+        config, clock, rendered, diagnostics):
+    """A gateway's filter gets the diagnostics as response headers; the filter of a bootstrap
+    we render says that its Envoy adds them from the metadata, so they are not sent twice.
+    The pick is sent either way: no Envoy renders it."""
+    stream = Replica(assemble(two_workers(config), clock=clock)).stream(rendered=rendered)
+    await stream.handle(headers_msg(CHAT))
+    routed = await stream.handle(body_msg(BODY))
+    meta = saar_metadata(routed)
+    reply = await stream.handle(response_headers("200", "application/json"))
+    shown = set_headers(reply.response_headers.response)
+    assert shown.pop("x-saar-endpoint") == set_headers(routed.request_body.response)[
+        "x-gateway-destination-endpoint"]
+    if diagnostics:
+        assert shown == {"x-replay-id": meta["replay_id"],
+                         "x-saar-selected-model": meta["selected_model"],
+                         "x-saar-decision": meta["decision"],
+                         "x-saar-session-phase": meta["session_phase"],
+                         "x-saar-action": meta["action"],
+                         "x-saar-confidence": meta["confidence"],
+                         "x-saar-context-tokens": meta["context_tokens"]}
+    else:
+        assert shown == {}

@@ -4,12 +4,15 @@ its record shape and the header names it reads (``SAAR_VSR_SCRIPT`` names the re
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
 
+import pytest
+
 from extproc.adapter.contract import DIAGNOSTIC_HEADERS
-from extproc.dev.bench.vsr import HEADER_MAP, load_script
+from extproc.dev.bench.vsr import HEADER_MAP, load_script, verdict
 
 SCRIPT = Path(os.environ.get("SAAR_VSR_SCRIPT", Path(__file__).with_name("vsr_standin.py")))
 
@@ -31,3 +34,23 @@ def test_our_headers_reach_their_script_under_their_names() -> None:
     for theirs, name in HEADER_MAP.items():
         if name is not None:
             assert record["headers"][theirs] == ours[name]
+
+
+@pytest.mark.parametrize(("overhead", "success", "portability", "met"), [
+    (4.4, 1.0, 0, True),
+    (4.6, 1.0, 0, False),   # over the balanced target
+    (4.4, 0.5, 0, False),   # the 400s of a simulator that refuses chained chat ids
+    (4.4, 1.0, 1, False),   # a switch while provider state was carried
+])
+def test_verdict_needs_the_overhead_full_success_and_no_violation(
+        tmp_path: Path, overhead: float, success: float, portability: int, met: bool) -> None:
+    (tmp_path / "baseline").mkdir()
+    (tmp_path / "comparison.json").write_text(json.dumps({
+        "router_overhead_ms": {"p95": overhead},
+        "router_violations": {"tool_loop": 0, "context_portability": portability}}))
+    for folder, rate in ((tmp_path, success), (tmp_path / "baseline", 1.0)):
+        (folder / "summary.json").write_text(json.dumps(
+            {"success_rate": rate, "latency_ms": {"p95": 9.0}}))
+    found = verdict("balanced", tmp_path)
+    assert found["met"] is met
+    assert (found["p95_overhead_ms"], found["target_p95_ms"]) == (overhead, 4.5)

@@ -94,3 +94,24 @@ def test_a_previous_response_id_in_a_chat_body_binds_to_its_issuer(stack):
         extra_body={"previous_response_id": opened.parse().id})
     assert follow.headers["x-saar-selected-model"] == STRONG
     assert follow.headers["x-saar-session-phase"] == "provider_state"
+
+
+def test_chat_answers_chained_by_previous_response_id_stay_with_their_issuer(stack):
+    """The Semantic Router's live benchmark chains chat turns: each sends the last chat
+    answer's id as ``previous_response_id`` and only its new message. The simulator accepts an
+    id only from the worker that issued it, so a chained turn the router moved is refused."""
+    before = violations(stack)
+    client = openai(stack, "lock-chat-chain")
+    opened = client.chat.completions.with_raw_response.create(
+        model="auto", messages=[{"role": "user", "content": HARD}])
+    assert opened.headers["x-saar-selected-model"] == STRONG
+    previous = opened
+    for _ in range(2):
+        follow = client.chat.completions.with_raw_response.create(
+            model="auto", messages=[{"role": "user", "content": NUDGE}],
+            extra_body={"previous_response_id": previous.parse().id})
+        locked(follow.headers)
+        assert follow.headers["x-saar-session-phase"] == "provider_state"
+        assert follow.headers["x-saar-worker"] == opened.headers["x-saar-worker"]
+        previous = follow
+    assert violations(stack) == before

@@ -21,10 +21,9 @@ import asyncio
 import copy
 import json
 import statistics
-import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from .. import EXAMPLE_CONFIG
 from ..harness import run_stack
 from .overhead import UNTHROTTLED
+from .passthrough import command
 from .route import MEASURED, SIZES, session_bodies
 
 VARIANTS = ("passthrough", "echo", "saar", "saar-no-rewrite")
@@ -103,14 +103,6 @@ async def _measure(port: int, bodies: Sequence[bytes], session: str) -> list[flo
         return [await _turn(stub, body, session) for body in bodies]
 
 
-def _processor(variant: str) -> Callable[[int], list[str]] | None:
-    if variant.startswith("saar"):
-        return None
-    extra = ["--echo"] if variant == "echo" else []
-    return lambda port: [sys.executable, "-m", "extproc.dev.bench.passthrough", "--port",
-                         str(port), *extra]
-
-
 def _config(base: dict[str, Any], variant: str) -> dict[str, Any]:
     config = copy.deepcopy(base)
     config.setdefault("limits", {}).update(UNTHROTTLED)
@@ -126,7 +118,7 @@ def run(base: dict[str, Any], variants: Sequence[str], sizes: Sequence[str],
     with tempfile.TemporaryDirectory(prefix="saar-bench-body-") as tmp:
         for variant in variants:
             with run_stack(_config(base, variant), workers_per_model=workers,
-                           sim_args=["--time-scale", "0"], processor=_processor(variant),
+                           sim_args=["--time-scale", "0"], processor=command(variant),
                            workdir=Path(tmp) / variant) as stack:
                 port = stack.processors[0].grpc_port
                 for size in sizes:

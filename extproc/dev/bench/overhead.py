@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import sys
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from .. import EXAMPLE_CONFIG
 from ..harness import run_stack
 from .bodies import DEFAULT_BODIES, STREAMED, body
 from .load import Load, LoadResult, pick_client, run_load
+from .passthrough import command
 from .upstream import STREAM_HEADER, canned_upstream
 from .variants import STORES, TRANSFORMS, VARIANTS, pointed_at
 
@@ -83,12 +83,6 @@ def _upstream(kind: str, workdir: Path) -> Iterator[str | None]:
         yield address
 
 
-def _processor(variant: str) -> Callable[[int], list[str]] | None:
-    if variant.startswith("saar"):
-        return None
-    return lambda port: [sys.executable, "-m", "extproc.dev.bench.passthrough", "--port", str(port)]
-
-
 def run_overhead(config: dict[str, Any], settings: Settings) -> Report:
     """Start each variant's stack in turn and load it with every (body, concurrency)."""
     unknown = set(settings.variants) - TRANSFORMS.keys()
@@ -103,7 +97,7 @@ def run_overhead(config: dict[str, Any], settings: Settings) -> Report:
             with run_stack(
                 config,
                 sim_args=["--time-scale", "0"],
-                processor=_processor(variant),
+                processor=command(variant),
                 workdir=Path(tmp) / variant,
                 envoy_transform=pointed_at(upstream, TRANSFORMS[variant]),
                 store=STORES.get(variant),

@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
-from collections.abc import AsyncIterator, Sequence
+import sys
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
@@ -67,6 +68,16 @@ async def serve(host: str, port: int, *, echo: bool = False) -> None:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     await server.stop(grace=0.5)
+
+
+def command(variant: str) -> Callable[[int], list[str]] | None:
+    """How a bench starts the processor of ``variant`` on a port: None for saar's own (the
+    stack's ``saar serve``), this module for ``passthrough`` and ``echo``."""
+    if variant.startswith("saar"):
+        return None
+    extra = ["--echo"] if variant == "echo" else []
+    return lambda port: [sys.executable, "-m", "extproc.dev.bench.passthrough", "--port",
+                         str(port), *extra]
 
 
 def main(argv: Sequence[str] | None = None) -> None:

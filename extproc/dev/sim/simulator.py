@@ -58,11 +58,18 @@ REMOTE_DECODE_HEADER = "x-sim-remote-decode"
 """Marks the sidecar's prefill-only call to a prefill worker."""
 PREFILLED_BY_HEADER = "x-sim-prefilled-by"
 """On a decode worker's answer: the prefill worker's instance that prefilled it."""
+CHAINED = frozenset({Api.RESPONSES, Api.CHAT})
+"""APIs whose answer id a later request may name as ``previous_response_id``: Responses, and
+Chat as the Semantic Router's live benchmark chains it. Only Responses resumes the stored
+conversation; on Chat the id is judged (issued here, or refused and counted) but the prompt is
+the messages alone, as vLLM ignores the field there: a chained turn costs what an unchained
+one costs, so the benchmark's router-versus-direct overhead compares like with like."""
 
 
 @dataclass(frozen=True)
 class Prompt:
-    """The rendered prompt: text resumed from ``previous_response_id`` plus this request's."""
+    """The rendered prompt: text resumed from ``previous_response_id`` (Responses) plus this
+    request's."""
 
     history: str
     new: str
@@ -158,7 +165,7 @@ class Simulator:
                 headers=headers,
             )
         prompt = Prompt(
-            self.oracle.transcript(summary.previous_response_id),
+            self.oracle.transcript(summary.previous_response_id) if api is Api.RESPONSES else "",
             render_prompt(summary),
             self._encoder(summary.model),
         )
@@ -378,7 +385,7 @@ class Simulator:
     def _finish(self, api: Api, summary: RequestSummary, prompt: Prompt, reply: Reply,
                 session: str | None) -> None:
         """Remember the turn: output blocks join the cache (as vLLM's do), the session's
-        context is what hints resolve against, and Responses ids become resumable."""
+        context is what hints resolve against, and the answer's id becomes resumable."""
         reply_text = render_entries(api, FORMATS[api].history(reply))
         context = prompt.encode(prompt.text + reply_text)
         self.cache.lookup_and_insert(context)
@@ -387,6 +394,8 @@ class Simulator:
         if api is Api.RESPONSES:
             turn_text = prompt.new + reply_text
             self.oracle.record_response(reply.id, summary.previous_response_id, turn_text)
+        elif api in CHAINED:
+            self.oracle.record_response(reply.id, None, "")
         self.metrics.generation_tokens.inc(reply.output_tokens)
         self.metrics.finished("length" if reply.truncated else "stop")
 

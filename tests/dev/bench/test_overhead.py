@@ -13,9 +13,10 @@ import yaml
 from extproc.adapter.bootstrap import EnvoyPorts, bootstrap
 from extproc.cli import main
 from extproc.config import parse_config
+from extproc.dev import EXAMPLE_CONFIG
 from extproc.dev.bench.bodies import SIZES, body
 from extproc.dev.bench.load import Load, run_load
-from extproc.dev.bench.overhead import DEFAULT_CONFIG, HEADERS
+from extproc.dev.bench.overhead import HEADERS
 from extproc.dev.bench.upstream import canned_upstream
 from extproc.dev.bench.variants import TRANSFORMS, pointed_at
 
@@ -32,7 +33,7 @@ def test_bodies_have_exact_sizes() -> None:
 
 
 def test_variants_differ_only_in_filters_and_upstream() -> None:
-    config = parse_config(yaml.safe_load(DEFAULT_CONFIG.read_text()))
+    config = parse_config(yaml.safe_load(EXAMPLE_CONFIG.read_text()))
 
     def names(variant: str) -> list[str]:
         doc = pointed_at("127.0.0.1:1", TRANSFORMS[variant])(bootstrap(config, EnvoyPorts()))

@@ -184,6 +184,36 @@ async def test_foreign_tool_result_counts_a_violation(
     assert (await state(http, sim))["violations"]["tool_call"] == 1
 
 
+async def test_chat_chains_its_own_answers_by_previous_response_id(
+    start_sim: StartSim, oai: openai.AsyncOpenAI, sim: RunningSim
+) -> None:
+    """The Semantic Router's live benchmark sends a chat answer's id back as the next chat
+    turn's ``previous_response_id``: its issuer accepts it, any other instance refuses it.
+    The prompt stays the messages alone (vLLM ignores the field on Chat), so a chained turn
+    costs what the same turn unchained costs."""
+    first = await oai.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "start"}])
+    assert first.id.startswith("chatcmpl-") and "simA" in first.id
+    turn = [{"role": "user", "content": "continue"}]
+    raw = await oai.chat.completions.with_raw_response.create(
+        model=MODEL, messages=turn, extra_body={"previous_response_id": first.id})
+    second = raw.parse()
+    assert raw.headers["x-sim-continuity-violations"] == "0"
+    assert sim.sim.oracle.continued["previous_response"] == 1
+    alone = await oai.chat.completions.create(model=MODEL, messages=turn)
+    assert second.usage is not None and alone.usage is not None
+    assert second.usage.prompt_tokens == alone.usage.prompt_tokens
+    other = await start_sim(instance_id="simB")
+    async with openai.AsyncOpenAI(base_url=other.openai_url, api_key="x",
+                                  max_retries=0) as elsewhere:
+        with pytest.raises(openai.BadRequestError) as caught:
+            await elsewhere.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "continue"}],
+                extra_body={"previous_response_id": second.id})
+    assert caught.value.code == "previous_response_not_found"
+    assert other.sim.oracle.violations["previous_response"] == 1
+
+
 # -- Responses -------------------------------------------------------------------------------
 
 
@@ -430,7 +460,7 @@ async def test_metrics_models_health_state_reset(
     # The prompt alone fills no block; prompt plus the 16-token reply fills one.
     assert before["cache"] == {"blocks": 1, "capacity": 2048, "usage": 1 / 2048, "cpu_blocks": 0,
                                "cpu_capacity": 0}
-    assert before["issued"] == {"tool_call": 0, "response": 0, "provider_state": 0}
+    assert before["issued"] == {"tool_call": 0, "response": 1, "provider_state": 0}
     async with http.post(f"{sim.url}/admin/reset") as resp:
         after = await resp.json()
     assert after["requests"] == 0 and after["cache"]["blocks"] == 0
