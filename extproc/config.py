@@ -585,6 +585,8 @@ class FlowControl:
     lock's never) may go to another worker with room whose KV use is under
     ``spill_kv_threshold``, re-prefilling its context there."""
     spill_kv_threshold: Fraction = 0.8
+    """A worker with less of its KV in use (and reserved for higher classes) than this takes
+    the requests that waited ``spill_seconds`` for their own."""
     max_queued: AtLeastOne = 1000
     """Requests one pool's queue holds; past it the worst-ranked sheddable one is evicted, or
     the newcomer refused (reason ``queue_full``)."""

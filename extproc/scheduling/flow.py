@@ -223,7 +223,9 @@ class FlowController:
         whatever its load), nor when no worker has room."""
         if not self.config.enabled or pinned is not None:
             return None
-        return self._where(arrival, workers, Counter(), set(), arrival.waited) or None
+        state = self._pools.get(arrival.pool)
+        taken = Counter(state.dispatched) if state is not None else Counter[str | None]()
+        return self._where(arrival, workers, taken, set(), arrival.waited) or None
 
     def _where(self, arrival: Arrival, workers: Sequence[Worker], taken: Counter[str | None],
                blocked: set[str], waited: float) -> frozenset[str]:
