@@ -237,7 +237,10 @@ class FlowController:
         home = self._home(arrival, workers)
         candidates = [w for w in workers if rooms[w.address] > 0]
         if home is not None:
-            if rooms[home] > 0:
+            # Requests dispatched to any worker take the home's room too, when the others'
+            # is not enough for them.
+            elsewhere = sum(rooms[w.address] for w in candidates if w.address != home)
+            if rooms[home] - max(0, taken[None] - elsewhere) > 0:
                 return frozenset((home,))
             if not self._spills(arrival, waited):
                 return frozenset()
@@ -357,7 +360,7 @@ class FlowController:
         blocked: set[str] = set()
         woken: list[str] = []
         for queued in sorted((q for q in state.queue.values() if not q.dispatched),
-                             key=self._rank):
+                             key=lambda q: self._rank(q, now)):
             arrival = queued.arrival
             waited = now - queued.since + arrival.waited
             where = self._where(arrival, workers, taken, blocked, waited)
@@ -468,12 +471,14 @@ class FlowController:
         self._reserved_tokens.setdefault(worker, Counter())[priority] += tokens
         self._expire()
 
-    def service(self, tenant: str, program: str | None = None) -> float:
-        """The decayed attained service of a tenant (or one of its programs), now."""
-        now = self._clock()
+    def service(self, tenant: str, program: str | None = None,
+                now: float | None = None) -> float:
+        """The decayed attained service of a tenant (or one of its programs) at ``now``
+        (default: the clock's now)."""
         found = (self._tenants.get(tenant) if program is None
                  else self._programs.get((tenant, program)))
-        return 0.0 if found is None else self._decayed(found, now)
+        return 0.0 if found is None else self._decayed(
+            found, self._clock() if now is None else now)
 
     def _charge(self, tenant: str, program: str, tokens: float) -> None:
         now = self._clock()
@@ -498,13 +503,16 @@ class FlowController:
 
     # -- ranking ---------------------------------------------------------------------------
 
-    def _rank(self, queued: _Queued) -> tuple[float, int, bool, float, int, int]:
+    def _rank(self, queued: _Queued, now: float) -> tuple[float, int, bool, float, int, int]:
+        """Its place in line at ``now`` (one instant for the whole queue: a live clock read
+        per request would decay the same tenant's service between two of its requests, and
+        that difference would outrank class and phase)."""
         arrival = queued.arrival
         weight = self.config.tenant_weights.get(arrival.tenant, 1.0)
-        return (self.service(arrival.tenant) / weight,
+        return (self.service(arrival.tenant, now=now) / weight,
                 -self.config.classes[arrival.klass].priority,
                 arrival.phase != "continuation",
-                self.service(arrival.tenant, arrival.program),
+                self.service(arrival.tenant, arrival.program, now),
                 PHASES.index(arrival.phase),
                 queued.order)
 

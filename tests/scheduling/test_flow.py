@@ -226,6 +226,26 @@ def test_dispatch_order(arrivals: list[Arrival], served: list[tuple[str, str, in
     assert woken == [tickets[i] for i in order]
 
 
+class Ticking(Clock):
+    """A live clock: every read is a little later."""
+
+    def __call__(self) -> float:
+        self.now += 0.001
+        return self.now
+
+
+def test_one_instant_ranks_the_whole_queue() -> None:
+    classes = {name: replace(c, queue_depth=None, prefill_tokens=None)
+               for name, c in FlowControl().classes.items()}
+    flow = FlowController(FlowControl(enabled=True, classes=classes), clock=Ticking())
+    flow.finished(arrival(), None, 0, 50_000)  # the tenant has service, decaying as it ticks
+    pool = workers(5)
+    continuation, _ = queue_all(flow, pool, arrival(phase="continuation", program="a"),
+                                arrival(phase="first", program="b"))
+    pool[0].waiting = 4
+    assert flow.dispatch("m", pool) == [continuation]
+
+
 def test_tenant_weights_share_the_service() -> None:
     flow, _ = controller(tenant_weights={"gold": 4.0})
     flow.finished(arrival("gold", "g"), None, 0, 15_000)  # 30,000 tokens of service, /4
@@ -385,6 +405,18 @@ def test_a_request_is_placed_where_it_found_room(home: str | None, pinned: bool,
 def test_a_hard_locks_request_is_left_to_the_pick() -> None:
     flow, _ = controller()
     assert flow.placeable(arrival(home="w0:8000", pinned=True), workers(0, 0), "w0:8000") is None
+
+
+def test_a_request_dispatched_anywhere_takes_a_home_that_is_the_only_room() -> None:
+    flow, _ = controller(queue_depth_threshold=1)
+    pool = [sized("w0:8000", waiting=1), sized("w1:8000", waiting=1)]
+    anywhere, homed = queue_all(flow, pool, arrival("a"), arrival("b", home="w0:8000"))
+    flow.finished(arrival("b"), None, 0, 10_000)  # a ranks first
+    pool[0].waiting = 0
+    assert flow.dispatch("m", pool) == [anywhere]  # not placed yet: w0 is the only room
+    assert flow.dispatch("m", pool) == []
+    pool[1].waiting = 0  # room elsewhere for it: the home's room is the homed one's
+    assert flow.dispatch("m", pool) == [homed]
 
 
 def test_a_request_waiting_for_its_home_is_not_passed_there() -> None:
