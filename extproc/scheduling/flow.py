@@ -38,6 +38,7 @@ Pure: the exchange holds the request (``Hold(kind="queue")``) and wakes the tick
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from collections import Counter, OrderedDict
 from collections.abc import Mapping, Sequence
@@ -137,6 +138,40 @@ class _Pool:
     will take (None: any with room)."""
 
 
+class _ClassRooms:
+    """One dispatch's room per class and worker for a prompt of none (room's upper bound),
+    kept in step as places are promised (``take``)."""
+
+    def __init__(self, flow: FlowController, pool: str, workers: Sequence[Worker],
+                 taken: Counter[str | None]) -> None:
+        self._flow, self._pool, self._workers, self._taken = flow, pool, workers, taken
+        self._serving = {w.address for w in workers if w.healthy and w.decodes}
+        self._rooms: dict[str, dict[str, int]] = {}
+
+    def possible(self, arrival: Arrival, spills: bool) -> bool:
+        """Whether a request of ``arrival``'s class (and home, unless it ``spills``) could
+        take a place now."""
+        rooms = self._rooms.get(arrival.klass)
+        if rooms is None:
+            probe = Arrival(self._pool, "", "", arrival.klass, "turn", 0)
+            rooms = self._rooms[arrival.klass] = {
+                w.address: self._flow.room(w, probe) - self._taken[w.address]
+                for w in self._workers if self._flow._places(w) > self._taken[w.address]}
+        total = sum(n for n in rooms.values() if n > 0)
+        anywhere = self._taken[None]
+        if arrival.home in self._serving and not spills:
+            here = max(0, rooms.get(arrival.home, 0))
+            return here - max(0, anywhere - (total - here)) > 0
+        return total > anywhere
+
+    def take(self, at: str | None) -> None:
+        self._taken[at] += 1
+        if at is not None:
+            for rooms in self._rooms.values():
+                if at in rooms:
+                    rooms[at] -= 1
+
+
 class FlowController:
     def __init__(self, config: FlowControl, *, clock: Clock,
                  predictor: LatencyPredictor | None = None) -> None:
@@ -162,6 +197,10 @@ class FlowController:
         self._reserved_tokens: dict[str, Counter[int]] = {}
         """address → priority → tokens reserved there (the sum of ``_reserved``)."""
         self._order = itertools.count()
+        self._deepest = max([config.queue_depth_threshold]
+                            + [c.queue_depth for c in config.classes.values()
+                               if c.queue_depth is not None])
+        """The deepest queue any class lets a worker have."""
 
     @property
     def enabled(self) -> bool:
@@ -232,8 +271,8 @@ class FlowController:
         """The workers ``arrival`` may take room on now (none: it waits), with ``taken`` the
         places already promised to dispatched requests (by worker; None: anywhere) and
         ``blocked`` the workers better-ranked requests wait for."""
-        rooms = {w.address: 0 if w.address in blocked else self.room(w, arrival)
-                 - taken[w.address] for w in workers}
+        rooms = {w.address: 0 if w.address in blocked or self._places(w) <= taken[w.address]
+                 else self.room(w, arrival) - taken[w.address] for w in workers}
         home = self._home(arrival, workers)
         candidates = [w for w in workers if rooms[w.address] > 0]
         if home is not None:
@@ -248,6 +287,13 @@ class FlowController:
         if sum(rooms[w.address] for w in candidates) <= taken[None]:
             return frozenset()
         return frozenset(w.address for w in candidates)
+
+    def _places(self, worker: Worker) -> int:
+        """The most requests of any class ``worker`` could take (room's upper bound: cheap,
+        so a saturated pool's long queue is not walked)."""
+        if not worker.healthy or not worker.decodes:
+            return 0
+        return max(0, self._deepest - self._waiting(worker))
 
     @staticmethod
     def _home(arrival: Arrival, workers: Sequence[Worker]) -> str | None:
@@ -351,28 +397,41 @@ class FlowController:
         return Entered(ticket, left, woken=others, evicted=evicted, expiry=expiry)
 
     def dispatch(self, pool: str, workers: Sequence[Worker]) -> list[str]:
-        """Tickets of ``pool`` to wake now: the best-ranked first, each that finds room."""
+        """Tickets of ``pool`` to wake now: the best-ranked first, each that finds room. A
+        request its class's room rules out (queue depth, pending prefill, KV of an empty
+        prompt) is passed over; one only its own prompt keeps out (its KV does not fit) keeps
+        its home's next room: nobody ranked below it takes room there."""
         state = self._pools.get(pool)
         if state is None or not state.queue:
             return []
-        now = self._clock()
         taken = Counter(state.dispatched)
+        if sum(max(0, self._places(w) - taken[w.address]) for w in workers) <= taken[None]:
+            return []  # saturated: a long queue is not walked
+        now = self._clock()
+        rooms = _ClassRooms(self, pool, workers, taken)
+        line = [(self._rank(q, now), q) for q in state.queue.values()
+                if not q.dispatched and rooms.possible(q.arrival, self._spills(
+                    q.arrival, now - q.since + q.arrival.waited))]
+        heapq.heapify(line)  # popped best first: no full sort
         blocked: set[str] = set()
         woken: list[str] = []
-        for queued in sorted((q for q in state.queue.values() if not q.dispatched),
-                             key=lambda q: self._rank(q, now)):
+        while line:
+            queued = heapq.heappop(line)[1]
             arrival = queued.arrival
             waited = now - queued.since + arrival.waited
+            spills = self._spills(arrival, waited)
+            if not rooms.possible(arrival, spills):
+                continue
             where = self._where(arrival, workers, taken, blocked, waited)
             if not where:
                 home = self._home(arrival, workers)
-                if home is not None and not self._spills(arrival, waited):
-                    blocked.add(home)  # its room is the next at home: nobody ranked below passes
+                if home is not None and not spills:
+                    blocked.add(home)
                 continue
             queued.at = arrival.home if where == {arrival.home} else None
             queued.dispatched = True
             state.dispatched[queued.at] += 1
-            taken[queued.at] += 1
+            rooms.take(queued.at)
             woken.append(queued.ticket)
             self._charge(arrival.tenant, arrival.program, arrival.tokens)
         return woken

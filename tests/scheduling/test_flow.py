@@ -407,6 +407,19 @@ def test_a_hard_locks_request_is_left_to_the_pick() -> None:
     assert flow.placeable(arrival(home="w0:8000", pinned=True), workers(0, 0), "w0:8000") is None
 
 
+def test_a_request_its_class_keeps_out_does_not_hold_the_room_of_another_class() -> None:
+    flow, _ = controller()
+    pool = [sized("w0:8000", waiting=5)]
+    batch, interactive = queue_all(flow, pool, arrival("a", klass="batch", home="w0:8000"),
+                                   arrival("b", home="w0:8000"))
+    flow.finished(arrival("b"), None, 0, 10_000)  # the batch request ranks first
+    pool[0].waiting = 2  # room for interactive (depth 5), none for batch (depth 1)
+    assert flow.dispatch("m", pool) == [interactive]
+    assert flow.claim(interactive, late=False) == "go"
+    pool[0].waiting = 0  # it runs: nobody waits
+    assert flow.dispatch("m", pool) == [batch]
+
+
 def test_a_request_dispatched_anywhere_takes_a_home_that_is_the_only_room() -> None:
     flow, _ = controller(queue_depth_threshold=1)
     pool = [sized("w0:8000", waiting=1), sized("w1:8000", waiting=1)]
