@@ -655,13 +655,27 @@ class PriorityClass:
     prefers workers predicted to meet it."""
     tpot_seconds: Positive | None = None
     """The class's per-output-token target (a request's header overrides it)."""
+    kv_threshold: Fraction | None = None
+    """The share of a worker's KV cache this class's prompts may fill (None: the pool's
+    ``kv_threshold``), less what is reserved there for higher classes."""
+    queue_depth: AtLeastOne | None = None
+    """A worker with this many requests waiting takes no more of this class (None:
+    ``queue_depth_threshold``): a lower class waits at the router, where it can be passed,
+    rather than in a worker's own first-come queue in front of a higher class."""
+    prefill_tokens: AtLeastOne | None = None
+    """A worker with this many uncached prompt tokens sent and not yet answered (no first
+    token) takes no more of this class (None: no limit): its long prefills do not fill the
+    worker's chunked prefill ahead of a higher class's next turn."""
 
 
 def _default_classes() -> dict[str, PriorityClass]:
     return {
-        "interactive": PriorityClass(priority=2, ttl_seconds=60.0, ttft_seconds=2.0),
-        "batch": PriorityClass(priority=1, ttl_seconds=300.0),
-        "sheddable": PriorityClass(priority=0, ttl_seconds=10.0, sheddable=True),
+        "interactive": PriorityClass(priority=2, ttl_seconds=60.0, ttft_seconds=2.0,
+                                     kv_threshold=1.0),
+        "batch": PriorityClass(priority=1, ttl_seconds=300.0, queue_depth=1,
+                               prefill_tokens=8192),
+        "sheddable": PriorityClass(priority=0, ttl_seconds=10.0, sheddable=True, queue_depth=1,
+                                   prefill_tokens=8192),
     }
 
 
@@ -678,8 +692,21 @@ class FlowControl:
     queue_depth_threshold: AtLeastOne = 5
     """A worker with this many requests waiting (as scraped, plus what was sent to it since)
     is saturated (llm-d's saturation detector default)."""
-    kv_threshold: Fraction = 0.8
-    """A worker with this share of its KV cache in use is saturated."""
+    kv_threshold: Fraction = 0.97
+    """A request goes to a worker only while its prompt fits in the worker's KV cache below
+    this share, beside what is in use and what is reserved there for higher classes (the
+    rest is for answers' growth and a returning session's tool output); a worker that
+    reports no KV capacity is saturated at this share in use. A class may set its own."""
+    reserve_seconds: NonNegative = 20.0
+    """After a turn with a TTFT target ends, its prompt and answer stay reserved on its worker
+    this long against lower classes, so the session's next turn finds room there (0: none)."""
+    spill_seconds: Positive = 5.0
+    """A request that waited this long for room on its own worker (its context's: a hard
+    lock's never) may go to another worker with room whose KV use is under
+    ``spill_kv_threshold``, re-prefilling its context there."""
+    spill_kv_threshold: Fraction = 0.8
+    """A worker with less of its KV in use (and reserved for higher classes) than this takes
+    the requests that waited ``spill_seconds`` for their own."""
     max_queued: AtLeastOne = 1000
     """Requests one pool's queue holds; past it the worst-ranked sheddable one is evicted, or
     the newcomer refused (reason ``queue_full``)."""

@@ -151,6 +151,8 @@ class RequestShed(RateLimited):
         self.klass = klass
         self.model = model
         self.decision = decision
+        self.wake: tuple[str, ...] = ()
+        """Queued tickets its refusal dispatched or evicted (their holders wake)."""
 
     def headers(self) -> dict[str, str]:
         return {**super().headers(), DROP_REASON_HEADER: self.reason}

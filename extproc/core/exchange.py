@@ -672,11 +672,13 @@ class Exchange:
                                   due=min(due, seconds) if due > 0 else None)
             if self._request is not None and self._facts is not None and exc.replay_id is None:
                 self._router.refused(self._request, self._facts, exc)
-        if isinstance(exc, RequestShed) and self._request is not None and (
-                self._facts is not None):
-            self._router.refused(self._request, self._facts, exc, self._holds)
+        wake: list[Command] = []
+        if isinstance(exc, RequestShed):
+            wake = [Wake("queue", t) for t in exc.wake]
+            if self._request is not None and self._facts is not None:
+                self._router.refused(self._request, self._facts, exc, self._holds)
         self.stage = Stage.DONE
-        return [*self._release(), Refuse(exc, self.style)]
+        return [*wake, *self._release(), Refuse(exc, self.style)]
 
     # -- holds -----------------------------------------------------------------------------
 

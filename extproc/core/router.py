@@ -339,7 +339,8 @@ class Router:
                 owner = issuer(owners, summary.continued, None)
                 if owner is not None and owner.model == decision.model:
                     pinned = owner.worker
-            arrival = self._arrival(request, identity, seen, decision.model, replay_id)
+            arrival = self._arrival(request, identity, seen, decision.model, replay_id,
+                                    pinned or bound, pinned is not None, holds)
             wake = () if arrival is None or admitted else self._enter(arrival, decision)
             if arrival is not None:
                 room = self.pools.flow.placeable(arrival, self.pools.scored(arrival.pool),
@@ -418,9 +419,12 @@ class Router:
     # -- flow control ----------------------------------------------------------------------
 
     def _arrival(self, request: Request, identity: SessionIdentity,
-                 state: SessionRecord | None, model: str, replay_id: str) -> Arrival | None:
+                 state: SessionRecord | None, model: str, replay_id: str, home: str | None,
+                 pinned: bool, holds: Sequence[Held]) -> Arrival | None:
         """The request as flow control sees it; None when flow control is off or Envoy
-        balances this model (a pool of one: nothing here counts its load)."""
+        balances this model (a pool of one: nothing here counts its load). ``home``: the
+        worker its session is bound (or a hard lock ``pinned``) to; a sub-agent's first turn
+        has its parent's."""
         flow = self.pools.flow
         if not flow.enabled or not self.pools.scored(model):
             return None
@@ -430,19 +434,25 @@ class Router:
         root = identity.key
         if identity.parent_session_id is not None:
             root = SessionIdentity(identity.tenant, identity.parent_session_id).key
+            if home is None and state is None:
+                home = self.pools.scheduler.placed_worker(root)
         program = root or replay_id
         phase = ("continuation" if summary.pending_tool_results
                  else "first" if state is None else "turn")
         deadline = None if wait is None else self.clock() + wait
+        waited = sum(h.until - h.since for h in holds if h.kind == "queue")
         return Arrival(model, identity.tenant, program, klass, phase, summary.context_tokens,
-                       deadline, ttft, flow.tpot(headers, klass))
+                       deadline, ttft, flow.tpot(headers, klass), identity.key, home, pinned,
+                       waited)
 
     def _enter(self, arrival: Arrival, decision: RoutingDecision) -> tuple[str, ...]:
         """Admit the request now (the tickets its entry dispatched or evicted, to wake), or
         raise ``Queued`` or ``RequestShed``."""
         entered = self.pools.flow.enter(arrival, self.pools.scored(arrival.pool))
         if entered.shed is not None:  # route counts it as an error, as every error it raises
-            raise self._dropped(arrival, decision, entered.shed)
+            error = self._dropped(arrival, decision, entered.shed)
+            error.wake = (*entered.woken, *entered.evicted)
+            raise error
         if entered.ticket is not None:
             raise Queued(entered, arrival, decision)
         return (*entered.woken, *entered.evicted)
@@ -490,7 +500,8 @@ class Router:
                  holds: Sequence[Held], admitted: bool) -> None:
         features = placement.features
         uncached = arrival.tokens if features is None else int(features.uncached_tokens)
-        self.pools.flow.started(arrival, uncached, dispatched=admitted)
+        self.pools.flow.started(arrival, placement.worker, uncached, dispatched=admitted,
+                                request=replay_id)
         waited = [h for h in holds if h.kind == "queue"]
         if waited:
             self.metrics.flow_wait_seconds.labels(arrival.pool, arrival.klass).observe(
@@ -502,11 +513,12 @@ class Router:
                 del picked[next(iter(picked))]
 
     def first_token(self, turn: Turn) -> None:
-        """A streamed answer's first token passed: the journal records its TTFT, the
-        predictor learns it."""
+        """A streamed answer's first token passed: its prefill is done, the journal records
+        its TTFT, the predictor learns it."""
         now = self.clock()
         self.journal.completed(turn.replay_id, Outcome(
             first_chunk_ms=round((now - turn.started) * 1000, 3)))
+        self.pools.flow.first_token(turn.replay_id)
         picked, predictor = self._picked.get(turn.replay_id), self.pools.predictor
         if picked is None or predictor is None or picked.first is not None:
             return
@@ -600,7 +612,9 @@ class Router:
             answered=not aborted)
         arrival = routed.arrival
         if arrival is not None:
-            self.pools.flow.finished(arrival.tenant, arrival.program, completion)
+            self.pools.flow.finished(
+                arrival, turn.worker, usage.prompt_tokens if usage else turn.context_tokens,
+                completion, request=turn.replay_id)
             self._learn_itl(turn, completion)
         now = self.clock()
         if routed.stream and routed.reads_answer:

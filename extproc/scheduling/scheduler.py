@@ -76,6 +76,10 @@ class Scheduler:
         """The scorers whose per-session slots hang on the session table (told when a session
         leaves it)."""
 
+    def placed_worker(self, session_key: str | None) -> str | None:
+        """Where the live session ``session_key`` was last placed (None: not known)."""
+        return None if self._placed is None else self._placed(session_key)
+
     def schedule(self, request: SchedulingRequest, workers: Sequence[Worker]) -> ScheduleResult:
         run = _Run(self._timer)
         candidates = list(workers)

@@ -107,6 +107,7 @@ def test_an_open_tool_loops_continuation_goes_before_a_new_sessions_first_turn(l
     # Session "loop" gets a tool call answered, so its next request continues the loop.
     loop(RequestHeaders(session("loop")))
     loop(RequestBody(chat()))
+    home = loop.commands[-1].routed.placement.worker  # its context is there
     loop(ResponseHeaders(200))
     loop(ResponseBody(CHAT_CALL))
     loop(Closed())
@@ -117,10 +118,11 @@ def test_an_open_tool_loops_continuation_goes_before_a_new_sessions_first_turn(l
     continuing = loop.new()
     loop(RequestHeaders(session("loop")), continuing)
     assert loop(RequestBody(chat(result="call_1")), continuing)[-1] == "hold queue"
-    # One place frees (the next scrape shows it): the continuation, though it came later,
-    # is the one dispatched.
-    for worker in loop.parts.pools.registry.pool("qwen3-32b")[:1]:
-        worker.waiting, worker.scraped_at = 0, loop.clock() + 1
+    # One place frees on its worker (the next scrape shows it): the continuation, though it
+    # came later, is the one dispatched.
+    for worker in loop.parts.pools.registry.pool("qwen3-32b"):
+        if worker.address == home:
+            worker.waiting, worker.scraped_at = 0, loop.clock() + 1
     (ticket,) = loop.parts.pools.dispatch("qwen3-32b")
     assert loop(Woken("queue"), new) == ["hold queue"]
     assert loop(Woken("queue"), continuing) == ["route qwen3-32b"]
@@ -135,3 +137,39 @@ def test_a_client_leaving_the_queue_frees_its_place(loop):
     assert loop(RequestBody(chat()), gone)[-1] == "hold queue"
     loop(Closed(), gone)
     assert loop.parts.pools.flow.queued() == {}
+
+
+def test_a_refusal_wakes_the_request_its_entry_dispatched(loop):
+    saturate(loop)
+    queued = loop.exchange
+    loop(RequestHeaders(session("a")), queued)
+    assert loop(RequestBody(chat()), queued)[-1] == "hold queue"
+    # A place frees unseen (no dispatch ran since); a sheddable request's entry finds it,
+    # but the queued interactive request ranks first and takes it: the refusal wakes it.
+    worker = loop.parts.pools.registry.pool("qwen3-32b")[0]
+    worker.waiting, worker.scraped_at = 0, loop.clock() + 1
+    shed = loop.new()
+    loop(RequestHeaders(session("b", **{"x-saar-class": "sheddable"})), shed)
+    assert loop(RequestBody(chat()), shed) == ["parse", "load", "wake queue",
+                                               "refuse 429 request_shed"]
+    assert loop(Woken("queue"), queued) == ["route qwen3-32b"]
+
+
+def test_flow_control_knows_where_a_requests_context_is(loop):
+    loop(RequestHeaders(session("parent")))
+    loop(RequestBody(chat()))
+    routed = loop.commands[-1].routed
+    parent = routed.placement.worker
+    assert (routed.arrival.session, routed.arrival.home) == (routed.turn.session_key, None)
+    loop(ResponseHeaders(200))
+    loop(ResponseBody(CHAT_CALL))
+    loop(Closed())
+    # Its next turn goes home; a sub-agent's first turn starts from its parent's context.
+    for name, extra in (("parent", {}), ("child", {"x-parent-session-id": "parent"})):
+        exchange = loop.new()
+        loop(RequestHeaders(session(name, **extra)), exchange)
+        loop(RequestBody(chat(result="call_1") if name == "parent" else chat()), exchange)
+        arrival = loop.commands[-1].routed.arrival
+        assert (arrival.home, arrival.pinned) == (parent, name == "parent")
+        loop(ResponseHeaders(200), exchange)
+        loop(Closed(), exchange)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from ...config import FlowControl
@@ -91,8 +91,8 @@ class ClusterSpec:
 class _Run:
     """A live session: where it is in its script and what it has computed so far."""
 
-    __slots__ = ("computed", "index", "parent", "pending", "prompted", "ready_s", "script",
-                 "slot", "spawned", "worker")
+    __slots__ = ("arrival", "computed", "index", "parent", "pending", "prompted", "ready_s",
+                 "script", "slot", "spawned", "worker")
 
     def __init__(self, script: Script, computed: int = 0, parent: _Run | None = None,
                  slot: int | None = None) -> None:
@@ -108,6 +108,8 @@ class _Run:
         """Where its last turn went: the session record's binding the live router passes."""
         self.prompted = 0
         """Its previous turn's prompt tokens (what leads this one: ``reused``)."""
+        self.arrival: Arrival | None = None
+        """Its turn in flight as flow control let it in (None: flow control is off)."""
 
 
 class VirtualClock:
@@ -257,9 +259,14 @@ class Simulation:
 
     def _enter(self, run: _Run, flow: FlowController) -> None:
         script = run.script
+        home = run.worker
+        if home is None and run.parent is not None:
+            home = run.parent.worker  # a sub-agent's first turn: where its parent's context is
         arrival = Arrival(self.cluster.model, script.tenant, script.parent or script.key,
                           self._klass(run), "continuation" if run.index else "first",
-                          script.steps[run.index].prompt_tokens, ttft=self._target(run))
+                          script.steps[run.index].prompt_tokens, ttft=self._target(run),
+                          session=script.key, home=home,
+                          pinned=self.cluster.pin_tool_loops and run.worker is not None)
         entered = flow.enter(arrival, self._refresh_views())
         for ticket in entered.evicted:
             evicted, _, _ = self._queued.pop(ticket)
@@ -322,6 +329,7 @@ class Simulation:
         flow = self.policy.flow if arrival is not None else None
         subset, ttft = None, None
         if flow is not None and arrival is not None:
+            arrival = replace(arrival, waited=self.now - run.ready_s)
             ttft = arrival.ttft
             subset = flow.placeable(
                 arrival, views, run.worker if self.cluster.pin_tool_loops else None)
@@ -335,8 +343,7 @@ class Simulation:
         pick = self.policy.route(request, views)
         address = run.worker = pick.address
         uncached = max(0, step.prompt_tokens - pick.matched_tokens)
-        if flow is not None and arrival is not None:
-            flow.started(arrival, uncached, dispatched)
+        run.arrival = arrival
         if run.ready_s >= self._warmup:
             for share in self.metrics.shares(run.script.tenant, self._klass(run)):
                 share.longest_wait_s = max(share.longest_wait_s, self.now - run.ready_s)
@@ -348,6 +355,8 @@ class Simulation:
         sim_request = SimRequest(key, step.prompt_tokens, step.output_tokens, blocks, done,
                                  run.ready_s, priority, adapter, remote=pick.prefill is not None)
         self._in_flight[sim_request] = (run, address)
+        if flow is not None and arrival is not None:
+            flow.started(arrival, address, uncached, dispatched, request=_turn_key(run))
         if self.policy.predictor is not None:
             view = next(v for v in views if v.address == address)
             self._placed[sim_request] = Features.of(view, uncached,
@@ -404,6 +413,8 @@ class Simulation:
         for request in first:
             if request.prefill_only:
                 continue
+            if self.policy.flow is not None:
+                self.policy.flow.first_token(_turn_key(self._in_flight[request][0]))
             self._learn(request)
             if request.ready_s >= self._warmup:
                 self._first_token(self._in_flight[request][0], request.ready_s)
@@ -449,9 +460,9 @@ class Simulation:
             if request.first_token_s is not None and output > 1:
                 self.metrics.itls.append((self.now - request.first_token_s) / (output - 1))
         run.computed = prompt + output
-        if self.policy.flow is not None:
-            self.policy.flow.finished(run.script.tenant, run.script.parent or run.script.key,
-                                      output)
+        if self.policy.flow is not None and run.arrival is not None:
+            self.policy.flow.finished(run.arrival, address, prompt, output,
+                                      request=_turn_key(run))
         admission, hints, key = self.policy.admission, self.policy.hints, run.script.key
         if admission is not None:
             admission.turn_finished(key, address, prompt, output)
@@ -515,3 +526,8 @@ class Simulation:
         self.metrics.censored = len(waiting)
         for run, ready in waiting:
             self._first_token(run, ready)
+
+
+def _turn_key(run: _Run) -> str:
+    """Names a session's turn in flight to flow control (its prefill, its end)."""
+    return f"{run.script.key}#{run.index}"
