@@ -127,7 +127,8 @@ def assemble(
     limits = config.limits
     bodies = LargeBodies(limits.large_body_bytes, limits.large_bodies_per_tenant,
                          limits.large_body_wait_seconds, limits.large_body_bytes_per_second,
-                         limits.large_body_bytes_per_second_total)
+                         limits.large_body_bytes_per_second_total,
+                         weights=config.scheduling.flow_control.tenant_weights)
     options = Options.from_config(
         config, shared=config.state.store == "redis" if shared is None else shared,
         diagnostic_prefix=DIAGNOSTIC_PREFIX, destination_header=DESTINATION_HEADER,

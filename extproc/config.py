@@ -342,7 +342,10 @@ class Limits:
     """Large bodies one tenant may send per second (a burst of one second's worth)."""
     large_body_bytes_per_second_total: Annotated[Number, Field(gt=0)] = 32.0 * 1024 * 1024
     """Large bodies all tenants together may send per second (a burst of one second's worth):
-    what many credentials add up to."""
+    what many credentials add up to. The tenants that sent any request in the last two seconds
+    share it by their `scheduling.flow_control.tenant_weights`: a tenant's large bodies are
+    charged to its part, so tenants of small requests keep the processor time theirs stands
+    for; a tenant alone may use all of it."""
     large_body_wait_seconds: Annotated[Number, Field(ge=0, le=50)] = 5.0
     """How long a tenant's further large body waits for its turn (0: 429 at once)."""
     parse_thread_bytes: Count = 256 * 1024

@@ -25,12 +25,15 @@ from .normalise import Preambles, normalised_system
 _xxh3 = xxhash.xxh3_64_intdigest
 
 
-def render_prompt(summary: RequestSummary, preambles: Preambles | None = None) -> str:
+def render_prompt(summary: RequestSummary, preambles: Preambles | None = None,
+                  limit: int | None = None) -> str:
     """The prompt of ``summary`` as text: preamble (system, tools), then every turn in order.
 
     With ``preambles``, the system prompt renders without its volatile preambles
     (``normalise``): what the engine sees of a body ``normalise.strip_preambles`` cut, and what
-    the prefix index should match when it does not (the lead's request path decides)."""
+    the prefix index should match when it does not (the lead's request path decides). With
+    ``limit``, the turns after the first ``limit`` characters are left out (the text still
+    begins with all of those)."""
     body = summary.body
     api = FORMATS[summary.api]
     preamble: list[Turn] = []
@@ -41,13 +44,19 @@ def render_prompt(summary: RequestSummary, preambles: Preambles | None = None) -
         preamble.append(("system", text(system)))
     if tools := body.get("tools"):
         preamble.append(("tools", canonical_json(tools)))
-    return _join(preamble) + render_entries(summary.api, api.entries(body))
+    head = _join(preamble)
+    rest = None if limit is None else limit - len(head)
+    if rest is not None and rest <= 0:
+        return head
+    return head + render_entries(summary.api, api.entries(body), rest)
 
 
-def render_entries(api: Api, entries: Iterable[Any]) -> str:
-    """Messages (chat, messages) or input items (responses) rendered as prompt turns."""
+def render_entries(api: Api, entries: Iterable[Any], limit: int | None = None) -> str:
+    """Messages (chat, messages) or input items (responses) rendered as prompt turns (those
+    past the first ``limit`` characters left out)."""
     turns = FORMATS[api].turns
-    return _join(turn for entry in entries if isinstance(entry, dict) for turn in turns(entry))
+    return _join((turn for entry in entries if isinstance(entry, dict)
+                  for turn in turns(entry)), limit)
 
 
 def chain_hashes(blocks: Iterable[bytes], seed: int = 0) -> list[int]:
@@ -76,5 +85,14 @@ def prompt_blocks(model: str, text: str, chars_per_block: int = 64) -> tuple[int
     return tuple(chain_hashes(blocks, seed=_xxh3(model.encode())))
 
 
-def _join(turns: Iterable[Turn]) -> str:
-    return "".join(f"<|{role}|>\n{text}\n" for role, text in turns)
+def _join(turns: Iterable[Turn], limit: int | None = None) -> str:
+    if limit is None:
+        return "".join(f"<|{role}|>\n{text}\n" for role, text in turns)
+    pieces, size = [], 0
+    for role, said in turns:
+        if size >= limit:
+            break
+        piece = f"<|{role}|>\n{said}\n"
+        pieces.append(piece)
+        size += len(piece)
+    return "".join(pieces)

@@ -12,7 +12,11 @@ as it arrives) needs two things of its tenant's budget before it is read and rou
 * **the process's bytes**: all tenants together may have
   ``limits.large_body_bytes_per_second_total`` admitted per second (the same cell-rate limit,
   one number for the process), so many credentials cannot add up to more parsing than the event
-  loop can spare.
+  loop can spare;
+* **its share of them**: that total is shared by the tenants that sent any request in the last
+  ``ACTIVE_SECONDS`` (by their flow-control weight), and a tenant's large bodies are charged to
+  its share — a tenant of small requests keeps the processor time its share stands for, however
+  many credentials loop large bodies beside it; a tenant alone may use the whole total.
 
 A body that has to wait waits in its tenant's line, in order, at most
 ``limits.large_body_wait_seconds`` (the exchange holds it: Envoy is told to wait longer); one
@@ -31,11 +35,13 @@ import collections
 import itertools
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 QUEUE_FACTOR = 4
 """Waiters kept per slot; later ones are answered 429 at once."""
+ACTIVE_SECONDS = 2.0
+"""A tenant that sent a request this recently has a share of the process's large-body budget."""
 
 
 @dataclass(slots=True)
@@ -66,20 +72,53 @@ class LargeBodies:
 
     def __init__(self, threshold: int, per_tenant: int, wait_seconds: float,
                  bytes_per_second: float = math.inf, total_bytes_per_second: float = math.inf,
-                 *, clock: Callable[[], float] = time.monotonic) -> None:
+                 *, clock: Callable[[], float] = time.monotonic,
+                 weights: Mapping[str, float] | None = None) -> None:
+        """``weights``: tenant → share weight (default 1), flow control's."""
         self.threshold = threshold
         self.per_tenant = per_tenant
         self.wait_seconds = wait_seconds
         self.rate = bytes_per_second
         self.total_rate = total_bytes_per_second
+        self._weights = dict(weights or {})
         self._free_at = 0.0
         """When the process's byte budget is whole again."""
+        self._active: collections.OrderedDict[str, float] = collections.OrderedDict()
+        """Tenant → when it last sent a request, the least recent first."""
+        self._active_weight = 0.0
+        """The sum of the active tenants' weights."""
         self._clock = clock
         self._tenants: collections.OrderedDict[str, _Tenant] = collections.OrderedDict()
         self._tickets = (f"lb-{n}" for n in itertools.count())
 
     def large(self, size: int) -> bool:
         return size >= self.threshold
+
+    def seen(self, tenant: str) -> None:
+        """``tenant`` sent a request (of any size): it has a share of the process's budget
+        for the next ``ACTIVE_SECONDS``."""
+        now = self._clock()
+        if tenant not in self._active:
+            self._active_weight += self._weights.get(tenant, 1.0)
+        self._active[tenant] = now
+        self._active.move_to_end(tenant)
+        self._expire(now)
+
+    def share(self, tenant: str) -> float:
+        """The bytes per second of large bodies ``tenant`` may have now: its own budget, and
+        its weight's part of the process's among the active tenants (itself counted)."""
+        self._expire(self._clock())
+        weight = self._weights.get(tenant, 1.0)
+        active = self._active_weight + (0.0 if tenant in self._active else weight)
+        return min(self.rate, self.total_rate * weight / active)
+
+    def _expire(self, now: float) -> None:
+        while self._active:
+            tenant, last = next(iter(self._active.items()))
+            if last > now - ACTIVE_SECONDS:
+                return
+            del self._active[tenant]
+            self._active_weight -= self._weights.get(tenant, 1.0)
 
     def __len__(self) -> int:
         """Tenants with a large body in flight or waiting, or budget spent lately."""
@@ -96,14 +135,14 @@ class LargeBodies:
         burst = 1.0  # one second's worth
         delay = max(0.0, entry.free_at - burst - now, self._free_at - burst - now)
         if delay == 0 and entry.busy < self.per_tenant and not entry.line:
-            self._charge(entry, now, size)
+            self._charge(tenant, entry, now, size)
             entry.busy += 1
             return Admission(True)
         if (delay > self.wait_seconds or self.wait_seconds <= 0
                 or len(entry.line) >= QUEUE_FACTOR * self.per_tenant):
             self._prune(tenant, entry)
             return Admission(False, refused=True, retry_after=max(1, math.ceil(delay)))
-        self._charge(entry, now, size)  # the budget is spent now: later bodies queue behind
+        self._charge(tenant, entry, now, size)  # the budget is spent now: later bodies queue behind
         ticket = next(self._tickets)
         entry.line[ticket] = now + delay
         return Admission(False, ticket, delay)
@@ -141,8 +180,8 @@ class LargeBodies:
         self._prune(tenant, entry)
         return head if entry.busy < self.per_tenant else None
 
-    def _charge(self, entry: _Tenant, now: float, size: int) -> None:
-        entry.free_at = max(entry.free_at, now) + size / self.rate
+    def _charge(self, tenant: str, entry: _Tenant, now: float, size: int) -> None:
+        entry.free_at = max(entry.free_at, now) + size / self.share(tenant)
         self._free_at = max(self._free_at, now) + size / self.total_rate
 
     def _idle(self, entry: _Tenant) -> bool:

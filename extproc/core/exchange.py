@@ -476,6 +476,8 @@ class Exchange:
             raise MalformedRequest("request has no body; a JSON body with a model is required")
         self._inbound = _Inbound(headers, found.api, remove, found.path, event.subset,
                                  event.duplex, event.duplex_response)
+        if self._bodies is not None:  # every tenant at work shares the large-body budget
+            self._bodies.seen(self._router.identity.tenant(headers))
         self.stage = Stage.GATHER
         commands: list[Command] = []
         query = self._router.prefetch(headers) if self._options.shared else None

@@ -201,7 +201,7 @@ class Router:
         except RoutingError as exc:
             self.metrics.errors.labels(exc.code).inc()
             raise
-        prompt = Prompt(summary, preambles=self._preambles)
+        prompt = Prompt(summary, preambles=self._preambles, limit=self.pools.render_limit)
         self.pools.prepare(prompt)
         parsed = time.perf_counter()
         identity = self.identity.read(headers, summary)
@@ -315,7 +315,8 @@ class Router:
                 assert identity.key is not None
                 tick = self.config.scheduling.admission.tick_seconds
                 raise SessionPaused(identity.key, retry_after=max(1, round(tick)))
-            prompt = request.prompt or Prompt(summary, preambles=self._preambles)
+            prompt = request.prompt or Prompt(summary, preambles=self._preambles,
+                                              limit=self.pools.render_limit)
             prompt.session = key  # the chain may have named it only now
             owners = _owners(facts, state, identity)
             cached: dict[str, int | None] = {}

@@ -68,10 +68,15 @@ class BlockMemo:
         """Block hashes kept, over every session."""
         return self._held
 
-    def blocks(self, session: str | None, model: str, text: str) -> tuple[Sequence[int], int]:
-        """The chained hashes of ``text``'s full blocks (the model seeding the chain), and
-        how many leading ones were reused from this session's previous prompt."""
-        data = text.encode()
+    def blocks(self, session: str | None, model: str, text: str,
+               limit: int | None = None) -> tuple[Sequence[int], int]:
+        """The chained hashes of ``text``'s full blocks (the model seeding the chain), at most
+        ``limit`` of them, and how many leading ones were reused from this session's previous
+        prompt."""
+        if limit is None:
+            data = text.encode()
+        else:  # a character is at least one byte: this many characters are enough
+            data = text[: limit * self.block].encode()[: limit * self.block]
         total = len(data) // self.block
         if session is None:
             return _hash(data, self.block, model, 0, array("Q")), 0

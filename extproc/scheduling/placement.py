@@ -48,6 +48,9 @@ if TYPE_CHECKING:
 
 PRECISE_BLOCK_SIZE = 16
 """vLLM's default KV block size, in tokens, for the precise index."""
+WINDOW_BYTES_PER_TOKEN = 8
+"""Bytes of rendered prompt a context window's token stands for at most, when bounding what is
+hashed (real tokenizers average about 4 on English and code)."""
 
 
 @dataclass(slots=True)
@@ -65,11 +68,13 @@ class Prompt:
     _matched: dict[str, dict[str, float]] = field(default_factory=dict)
     preambles: Preambles | None = None
     """Volatile preambles the rendering leaves out (what changes per session is no prefix)."""
+    limit: int | None = None
+    """Characters past which the turns need not be rendered (``Pools.render_limit``)."""
 
     @property
     def text(self) -> str:
         if self._text is None:
-            self._text = render_prompt(self.request, self.preambles)
+            self._text = render_prompt(self.request, self.preambles, self.limit)
         return self._text
 
 
@@ -144,6 +149,17 @@ class Pools:
         counted in ``hints_dropped``)."""
         self.hints_dropped = 0
         self._models = tuple(config.models)
+        self._window_blocks = {
+            name: -(-m.context_window * WINDOW_BYTES_PER_TOKEN
+                    // scheduling.prefix.chars_per_block)
+            for name, m in config.models.items()}
+        """Blocks a prompt of each model is hashed to at most: past its context window no
+        worker can hold a prompt (the engine refuses it), so a body larger than that (an 8 MiB
+        upload) costs no more hashing than one that fills the window."""
+        self.render_limit = max(self._window_blocks.values(), default=0) * \
+            scheduling.prefix.chars_per_block
+        """Characters of a prompt worth rendering: the largest window's blocks' worth (a
+        character is at least a byte)."""
         self.required = scheduling.pool_name is not None
         """An endpoint picker always sends a pick (the Endpoint Picker Protocol), also from a
         pool of one; no eligible worker is a 503 there, never a request left to the proxy."""
@@ -182,7 +198,8 @@ class Pools:
                     prompt.tokens = self.tokenizer.encode(prompt.text)
                 found = (self.index.hash_tokens(prompt.tokens), 0)
             else:
-                found = self.memo.blocks(prompt.session, model, prompt.text)
+                found = self.memo.blocks(prompt.session, model, prompt.text,
+                                         self._window_blocks.get(model))
             prompt._blocks[model] = found
         return found
 

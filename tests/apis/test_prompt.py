@@ -1,12 +1,14 @@
 from __future__ import annotations
 
+import orjson
 import pytest
 import xxhash
 
 import extproc.dev.sim.prompt as sim_prompt
-from extproc.apis import prompt
+from extproc.apis import parse_request, prompt
 from extproc.apis.prompt import chain_hashes, prompt_blocks
 from extproc.dev.sim.prefix_cache import block_hashes
+from extproc.types import Api
 
 TEXT = "".join(chr(ord("a") + i % 26) for i in range(64 * 3 + 10))
 
@@ -67,3 +69,23 @@ def test_a_64_kib_prompt_is_1024_blocks() -> None:
     """Its speed is ``saar bench route``'s to measure, not a test's."""
     text = ("def handler(event): return event['body'] # tool output line\n" * 1200)[:65536]
     assert len(prompt_blocks("m", text)) == 1024
+
+
+@pytest.mark.parametrize("limit", [1, 30, 31, 45, 200, 10_000])
+def test_a_limited_rendering_begins_with_the_first_limit_characters_of_the_whole(
+        limit: int) -> None:
+    """Turns past ``limit`` characters are left out; every one before is there in full."""
+
+
+    messages = [{"role": "system", "content": "You are a coding agent."}] + [
+        {"role": "user" if i % 2 else "assistant", "content": f"turn {i} " * 3}
+        for i in range(12)]
+    summary = parse_request(Api.CHAT, orjson.dumps({"model": "m", "messages": messages}),
+                            max_body_bytes=1 << 20)
+    whole = prompt.render_prompt(summary)
+    cut = prompt.render_prompt(summary, limit=limit)
+    assert whole.startswith(cut) and len(cut) >= min(limit, len(whole))
+    turns = whole.split("<|")[1:]
+    kept = cut.split("<|")[1:]
+    assert kept == turns[:len(kept)]  # whole turns only
+    assert len(kept) == len(turns) or len("<|".join(["", *kept[:-1]])) < limit

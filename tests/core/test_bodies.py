@@ -3,7 +3,7 @@ slots, a line of tickets in order, bounded, and forgotten once idle. Pure: ticke
 
 from __future__ import annotations
 
-from extproc.core.bodies import QUEUE_FACTOR, LargeBodies
+from extproc.core.bodies import ACTIVE_SECONDS, QUEUE_FACTOR, LargeBodies
 from tests.conftest import FakeClock
 
 
@@ -111,3 +111,25 @@ def test_many_credentials_share_the_process_budget():
     assert bodies.enter("t9", 8 * mib).due == 1.0
     clock.advance(60)  # repaid
     assert bodies.enter("t0", 8 * mib).now
+
+
+def test_the_process_budget_is_shared_by_the_tenants_at_work():
+    """32 MiB/s for the process, 16 per tenant: alone a tenant may have its 16; with seven
+    others sending anything (small requests too) it has an eighth of the 32, by weight; the
+    others' share returns once they have been quiet ``ACTIVE_SECONDS``."""
+    clock = FakeClock()
+    mib = 1 << 20
+    bodies = LargeBodies(mib, per_tenant=100, wait_seconds=10, bytes_per_second=16 * mib,
+                         total_bytes_per_second=32 * mib, clock=clock, weights={"heavy": 3})
+    assert bodies.share("a") == 16 * mib
+    for tenant in "abcdefgh":
+        bodies.seen(tenant)
+    assert bodies.share("a") == 4 * mib
+    assert bodies.share("heavy") == 32 * mib * 3 / 11  # not yet seen: counted with its weight
+    bodies.seen("heavy")
+    assert bodies.share("heavy") == 32 * mib * 3 / 11
+    assert bodies.share("b") == 32 * mib / 11
+    # Charged at its share: after the burst, a's 8 MiB bodies come every two seconds.
+    assert [bodies.enter("a", 8 * mib).now for _ in range(2)] == [True, False]
+    clock.advance(ACTIVE_SECONDS + 0.1)
+    assert bodies.share("a") == 16 * mib

@@ -16,14 +16,15 @@ turns = st.lists(st.tuples(pieces, st.one_of(st.none(), st.integers(0, 5000))),
 
 
 @settings(max_examples=300, deadline=None)
-@given(turns=turns, block=st.sampled_from([1, 7, 64]))
-def test_the_memo_gives_exactly_the_blocks_of_hashing_from_scratch(turns, block):
+@given(turns=turns, block=st.sampled_from([1, 7, 64]), limit=st.sampled_from([None, 1, 5, 40]))
+def test_the_memo_gives_exactly_the_blocks_of_hashing_from_scratch(turns, block, limit):
+    """With a ``limit``, the first ``limit`` blocks hashing from scratch gives."""
     memo = BlockMemo(block)
     text = ""
     for added, cut in turns:
         text = (text if cut is None else text[:cut] + "†") + added
-        hashes, reused = memo.blocks("s", "m", text)
-        assert tuple(hashes) == prompt_blocks("m", text, block)
+        hashes, reused = memo.blocks("s", "m", text, limit)
+        assert tuple(hashes) == prompt_blocks("m", text, block)[:limit]
         assert 0 <= reused <= len(hashes)
 
 

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import orjson
 
-from extproc.apis import parse_request
+from extproc.apis import parse_request, prompt_blocks
 from extproc.assembly import assemble
 from extproc.config import Config
 from extproc.scheduling.placement import Prompt
@@ -41,6 +41,25 @@ def test_a_session_returns_to_the_worker_holding_its_prefix(config, clock):
     assert pools.cached_tokens(again, "qwen3-8b") > 1000
     assert pools.place(again, "qwen3-8b", "s").worker == first.worker
     assert pools.place(again, "qwen3-32b", "s").workers == ()  # one worker: Envoy's choice
+
+
+def test_a_prompt_is_hashed_no_further_than_its_model_could_hold(config, clock):
+    """Past 8 bytes per token of the model's window no worker holds a prompt: a body much
+    larger than the window is hashed up to there, the same blocks a window-sized one gives."""
+    small = replace(config.models["qwen3-8b"], context_window=1000,
+                    endpoints=("10.0.0.1:80", "10.0.0.2:80"))
+    pools = assemble(replace(config, models={**config.models, "qwen3-8b": small}),
+                     clock=clock).pools
+    block = config.scheduling.prefix.chars_per_block
+    limit = -(-1000 * 8 // block)
+    text = "".join(f"line {i} of a long upload\n" for i in range(30_000))
+    huge = Prompt(parse_request(Api.CHAT, orjson.dumps(
+        {"model": "auto", "messages": [{"role": "user", "content": text}]}),
+        max_body_bytes=1 << 21))
+    assert len(huge.text) > 10 * limit * block
+    blocks = pools.blocks(huge, "qwen3-8b")
+    assert tuple(blocks) == prompt_blocks("qwen3-8b", huge.text, block)[:limit]
+    assert len(pools.blocks(huge, "qwen3-32b")) == len(huge.text.encode()) // block
 
 
 def hinted(config: Config) -> Config:
