@@ -147,12 +147,14 @@ class Routing:
         """The reply to a buffered body: the route, the pick and the rewritten body in one."""
         common, metadata = self._routing(routed)
         if routed.body is not None:
-            common.body_mutation.body = routed.body
             # Envoy answers 500 when content-length disagrees with a mutated body.
             common.header_mutation.set_headers.append(
                 _header("content-length", str(len(routed.body))))
-        return ep.ProcessingResponse(
+        reply = ep.ProcessingResponse(
             request_body=ep.BodyResponse(response=common), dynamic_metadata=metadata)
+        if routed.body is not None:  # set in place: a message passed in is copied, body too
+            reply.request_body.response.body_mutation.body = routed.body
+        return reply
 
     def duplex(self, command: ex.Route) -> list[ep.ProcessingResponse]:
         """Full duplex: the headers reply carries the route and the pick (a header mutation on
