@@ -119,6 +119,7 @@ class LargeBodies:
                 return
             del self._active[tenant]
             self._active_weight -= self._weights.get(tenant, 1.0)
+        self._active_weight = 0.0  # none left: no rounding carried over
 
     def __len__(self) -> int:
         """Tenants with a large body in flight or waiting, or budget spent lately."""
