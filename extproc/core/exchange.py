@@ -342,6 +342,8 @@ class _Inbound:
     trailers: bool = False
     answered: bool = False
     """The request headers have been answered (full duplex: only once routed)."""
+    tenant: str = ""
+    """Whose large-body budget the body is charged to (read once, at the headers)."""
 
 
 @dataclass(slots=True)
@@ -477,7 +479,8 @@ class Exchange:
         self._inbound = _Inbound(headers, found.api, remove, found.path, event.subset,
                                  event.duplex, event.duplex_response)
         if self._bodies is not None:  # every tenant at work shares the large-body budget
-            self._bodies.seen(self._router.identity.tenant(headers))
+            self._inbound.tenant = self._router.identity.tenant(headers)
+            self._bodies.seen(self._inbound.tenant)
         self.stage = Stage.GATHER
         commands: list[Command] = []
         query = self._router.prefetch(headers) if self._options.shared else None
@@ -708,7 +711,7 @@ class Exchange:
         if bodies is None or inbound is None or self._slot is not None or not bodies.large(
                 size):
             return then()
-        tenant = self._router.identity.tenant(inbound.headers)
+        tenant = inbound.tenant
         admission = bodies.enter(tenant, size)
         if admission.now:
             self._slot = _Slot(tenant, taken=True)
