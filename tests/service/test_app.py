@@ -8,6 +8,9 @@ import grpc
 import httpx
 import orjson
 import pytest
+from envoy.config.core.v3 import base_pb2 as core
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from extproc._proto import replay_pb2, replay_pb2_grpc
@@ -111,3 +114,50 @@ async def test_a_worker_whose_metrics_are_unreachable_leaves_the_pick(config):
         assert health()[dead] is False
     finally:
         await running.stop()
+
+
+def _turn(session: str) -> list[ep.ProcessingRequest]:
+    """What Envoy sends the routing filter for one answered chat turn."""
+    body = orjson.dumps({"model": "auto", "messages": [{"role": "user", "content": "refactor"}]})
+
+    def headers(pairs: dict[str, str]) -> ep.HttpHeaders:
+        return ep.HttpHeaders(headers=core.HeaderMap(headers=[
+            core.HeaderValue(key=k, raw_value=v.encode()) for k, v in pairs.items()]))
+
+    return [
+        ep.ProcessingRequest(request_headers=headers({
+            ":method": "POST", ":path": "/v1/chat/completions", ":authority": "saar",
+            "content-type": "application/json", "x-session-id": session,
+            "content-length": str(len(body))})),
+        ep.ProcessingRequest(request_body=ep.HttpBody(body=body, end_of_stream=True)),
+        ep.ProcessingRequest(response_headers=headers({":status": "200",
+                                                       "content-type": "application/json"})),
+    ]
+
+
+@pytest.mark.parametrize("reset", [False, True], ids=["waits-for-status", "resets-like-envoy"])
+async def test_a_stream_half_closed_commits_its_turn_and_ends_cleanly(service, reset):
+    """Envoy half-closes and resets every stream at once; a plain gRPC client half-closes and
+    waits for the status. Either way the turn is committed and nothing counts as a failure."""
+    import asyncio
+
+    session = f"s-close-{reset}"
+    failures = service.parts.metrics.stream_failures._value.get()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{service.grpc_port}") as channel:
+        call = ep_grpc.ExternalProcessorStub(channel).Process()
+        for message in _turn(session):
+            await call.write(message)
+            assert (await call.read()).WhichOneof("response") == message.WhichOneof("request")
+        await call.done_writing()
+        if reset:
+            call.cancel()
+        else:
+            assert await call.code() == grpc.StatusCode.OK
+    for _ in range(100):
+        records = service.parts.replay.for_session(session)
+        if records and "latency_ms" in (records[0].get("outcome") or {}):
+            break
+        await asyncio.sleep(0.01)
+    assert [(r["outcome"] or {}).get("status") for r in records] == [200]
+    assert "latency_ms" in records[0]["outcome"]  # the turn ended: the stream's close ran
+    assert service.parts.metrics.stream_failures._value.get() == failures
