@@ -481,7 +481,8 @@ def build_parser() -> argparse.ArgumentParser:
     overhead.add_argument("--config", default=None, help="default: config/example.yaml")
     overhead.add_argument("--variants", default="envoy,passthrough,saar",
                           help="comma-separated; also saar-redis, saar-two-streams, "
-                          "saar-route-only")
+                          "saar-route-only, busy-<N> (the pass-through spending N "
+                          "microseconds of CPU on each request body)")
     overhead.add_argument("--bodies", default=None, help="comma-separated body sizes")
     overhead.add_argument("--concurrency", default=None, help="comma-separated, e.g. 1,16")
     overhead.add_argument("--warmup", type=float, default=1.0, help="seconds per cell")

@@ -21,7 +21,7 @@ from .bodies import DEFAULT_BODIES, STREAMED, body
 from .load import Load, LoadResult, pick_client, run_load
 from .passthrough import command
 from .upstream import STREAM_HEADER, canned_upstream
-from .variants import STORES, TRANSFORMS, VARIANTS, pointed_at
+from .variants import STORES, VARIANTS, pointed_at, transform
 
 PHYSICAL_MODEL = "qwen3-8b"
 HEADERS = {"content-type": "application/json", "x-session-id": "bench-session"}
@@ -85,9 +85,7 @@ def _upstream(kind: str, workdir: Path) -> Iterator[str | None]:
 
 def run_overhead(config: dict[str, Any], settings: Settings) -> Report:
     """Start each variant's stack in turn and load it with every (body, concurrency)."""
-    unknown = set(settings.variants) - TRANSFORMS.keys()
-    if unknown:
-        raise ValueError(f"unknown variants {sorted(unknown)}; known: {sorted(TRANSFORMS)}")
+    transforms = {variant: transform(variant) for variant in settings.variants}
     client = pick_client(settings.client)
     cells = []
     with tempfile.TemporaryDirectory(prefix="saar-bench-") as tmp, \
@@ -99,7 +97,7 @@ def run_overhead(config: dict[str, Any], settings: Settings) -> Report:
                 sim_args=["--time-scale", "0"],
                 processor=command(variant),
                 workdir=Path(tmp) / variant,
-                envoy_transform=pointed_at(upstream, TRANSFORMS[variant]),
+                envoy_transform=pointed_at(upstream, transforms[variant]),
                 store=STORES.get(variant),
             ) as stack:
                 for name in settings.bodies:

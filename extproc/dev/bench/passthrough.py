@@ -1,7 +1,7 @@
 """The floor for a Python ext_proc: a grpc.aio processor that answers every phase with an empty
 CONTINUE, so the benchmark can tell the price of gRPC from the price of routing.
 
-Run as ``python -m extproc.dev.bench.passthrough --port N [--echo]``.
+Run as ``python -m extproc.dev.bench.passthrough --port N [--echo] [--busy-us N]``.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import signal
 import sys
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 
 import grpc
@@ -37,9 +38,17 @@ def reply_for(request: ep.ProcessingRequest, *, echo: bool = False) -> ep.Proces
     return ep.ProcessingResponse()
 
 
+BUSY_PREFIX = "busy-"
+"""``busy-<N>``: the pass-through that spends N microseconds of CPU on each request body."""
+
+
 class PassThrough(ep_grpc.ExternalProcessorServicer):
-    def __init__(self, *, echo: bool = False) -> None:
+    def __init__(self, *, echo: bool = False, busy_seconds: float = 0.0) -> None:
+        """``busy_seconds``: CPU spent on each request body before its reply (what routing
+        costs in process), so a bench can tell saar's own work from what any processor that
+        works as much would pay to gRPC, Envoy and the machine."""
         self._echo = echo
+        self._busy = busy_seconds
 
     async def Process(
         self,
@@ -47,10 +56,14 @@ class PassThrough(ep_grpc.ExternalProcessorServicer):
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[ep.ProcessingResponse]:
         async for request in request_iterator:
+            if self._busy and request.HasField("request_body"):
+                end = time.thread_time() + self._busy  # CPU, as routing spends it
+                while time.thread_time() < end:
+                    pass
             yield reply_for(request, echo=self._echo)
 
 
-async def serve(host: str, port: int, *, echo: bool = False) -> None:
+async def serve(host: str, port: int, *, echo: bool = False, busy_seconds: float = 0.0) -> None:
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -59,7 +72,8 @@ async def serve(host: str, port: int, *, echo: bool = False) -> None:
             ("grpc.so_reuseport", 0),
         ]
     )
-    ep_grpc.add_ExternalProcessorServicer_to_server(PassThrough(echo=echo), server)
+    servicer = PassThrough(echo=echo, busy_seconds=busy_seconds)
+    ep_grpc.add_ExternalProcessorServicer_to_server(servicer, server)
     server.add_insecure_port(f"{host}:{port}")
     await server.start()
     stop = asyncio.Event()
@@ -72,10 +86,12 @@ async def serve(host: str, port: int, *, echo: bool = False) -> None:
 
 def command(variant: str) -> Callable[[int], list[str]] | None:
     """How a bench starts the processor of ``variant`` on a port: None for saar's own (the
-    stack's ``saar serve``), this module for ``passthrough`` and ``echo``."""
+    stack's ``saar serve``), this module for ``passthrough``, ``echo`` and ``busy-<N>``."""
     if variant.startswith("saar"):
         return None
     extra = ["--echo"] if variant == "echo" else []
+    if variant.startswith(BUSY_PREFIX):
+        extra = ["--busy-us", variant.removeprefix(BUSY_PREFIX)]
     return lambda port: [sys.executable, "-m", "extproc.dev.bench.passthrough", "--port",
                          str(port), *extra]
 
@@ -86,8 +102,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--echo", action="store_true",
                         help="return a buffered request body unchanged, as a body mutation")
+    parser.add_argument("--busy-us", type=float, default=0.0,
+                        help="microseconds of CPU spent on each request body")
     args = parser.parse_args(argv)
-    asyncio.run(serve(args.host, args.port, echo=args.echo))
+    asyncio.run(serve(args.host, args.port, echo=args.echo, busy_seconds=args.busy_us / 1e6))
 
 
 if __name__ == "__main__":

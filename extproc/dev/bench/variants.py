@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...adapter.contract import OBSERVER, PROCESSOR
+from .passthrough import BUSY_PREFIX
 
 Bootstrap = dict[str, Any]
 VARIANTS = ("envoy", "passthrough", "saar")
@@ -72,6 +73,22 @@ TRANSFORMS: dict[str, Callable[[Bootstrap], Bootstrap]] = {
     "saar-two-streams": saar_two_streams,
     "saar-route-only": saar_route_only,
 }
+
+
+def transform(variant: str) -> Callable[[Bootstrap], Bootstrap]:
+    """The Envoy config of ``variant``: one of ``TRANSFORMS``, or ``busy-<N>`` (the
+    pass-through's, its processor spending N microseconds on each request body)."""
+    if variant.startswith(BUSY_PREFIX):
+        try:
+            float(variant.removeprefix(BUSY_PREFIX))
+        except ValueError:
+            pass
+        else:
+            return passthrough
+    if variant not in TRANSFORMS:
+        raise ValueError(f"unknown variant {variant!r}; known: {sorted(TRANSFORMS)} and "
+                         f"{BUSY_PREFIX}<microseconds>")
+    return TRANSFORMS[variant]
 
 
 STORES = {"saar-redis": "redis"}

@@ -72,3 +72,38 @@ def test_wrk_client_against_the_canned_upstream() -> None:
         result = run_load(load, "wrk")
     assert result.requests > 0 and result.non_200 == 0
     assert result.p99_ms >= result.p50_ms > 0
+
+
+def test_a_busy_pass_through_is_the_pass_through_s_config_and_burns_its_time() -> None:
+    import asyncio
+    import time
+
+    from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+
+    from extproc.dev.bench.passthrough import PassThrough, command
+    from extproc.dev.bench.variants import passthrough, transform
+
+    assert transform("busy-450") is passthrough
+    assert transform("saar") is TRANSFORMS["saar"]
+    for wrong in ("busy-", "busy-fast", "nope"):
+        with pytest.raises(ValueError, match="unknown variant"):
+            transform(wrong)
+    argv = command("busy-450")
+    assert argv is not None and argv(7)[-4:] == ["--port", "7", "--busy-us", "450"]
+
+    messages = [ep.ProcessingRequest(request_headers=ep.HttpHeaders()),
+                ep.ProcessingRequest(request_body=ep.HttpBody(body=b"{}", end_of_stream=True))]
+
+    async def replies(servicer: PassThrough) -> tuple[list[ep.ProcessingResponse], float]:
+        async def requests():  # type: ignore[no-untyped-def]
+            for message in messages:
+                yield message
+
+        started = time.process_time()
+        out = [r async for r in servicer.Process(requests(), None)]  # type: ignore[arg-type]
+        return out, time.process_time() - started
+
+    plain, _ = asyncio.run(replies(PassThrough()))
+    busy, spent = asyncio.run(replies(PassThrough(busy_seconds=0.05)))
+    assert busy == plain  # the same empty CONTINUEs
+    assert spent >= 0.05  # CPU, not a sleep: the body's 50 ms were burned
