@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,20 +36,43 @@ from ..config import parse_config
 READY_TIMEOUT = 30.0
 
 
+_HANDED_OUT: OrderedDict[int, None] = OrderedDict()
+"""The ports this process handed out lately: the kernel offers a port it just freed again, so
+two picks in a row (Envoy's listener and its admin) could get the same one."""
+REMEMBERED_PORTS = 4096
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free loopback port not handed out lately by this process."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _remember(port)
+            return port
 
 
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct free ports (each held until all are chosen: ``free_port`` called in
-    a row may hand out one twice)."""
+    """``count`` distinct free ports (each held until all are chosen)."""
+    ports: list[int] = []
     with contextlib.ExitStack() as stack:
-        held = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in held:
+        while len(ports) < count:
+            sock = stack.enter_context(socket.socket())
             sock.bind(("127.0.0.1", 0))
-        return [int(sock.getsockname()[1]) for sock in held]
+            port = int(sock.getsockname()[1])
+            if port not in _HANDED_OUT:
+                ports.append(port)
+    for port in ports:
+        _remember(port)
+    return ports
+
+
+def _remember(port: int) -> None:
+    _HANDED_OUT[port] = None
+    _HANDED_OUT.move_to_end(port)
+    while len(_HANDED_OUT) > REMEMBERED_PORTS:
+        _HANDED_OUT.popitem(last=False)
 
 
 def envoy_binary() -> str:
