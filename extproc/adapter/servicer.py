@@ -42,7 +42,7 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
         if not stream.done:
             # Envoy ends every stream with a half-close and a reset at once
             # (ExternalProcessorStreamImpl::close). A status sent now fails on the reset
-            # stream, and grpc.aio leaks a failed batch's ops (grpc/grpc#43360): ~90 bytes a
+            # stream, and grpc.aio leaks a failed batch's ops (grpc/grpc#43360): ~80 bytes a
             # request, the soak's creep. The reset cancels this wait, and the handler ends
             # without a status; a client that half-closes and waits gets it a little later.
             await asyncio.sleep(RESET_WAIT_SECONDS)
