@@ -25,17 +25,14 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
-from ..state.cluster import ClusterUrl, is_cluster_url
+from ..state.cluster import ClusterClient
+from ..state.resp import Arg, Command, RespClient, RespError
 from .metrics import Metrics
 from .replay import Record, ReplayStore, SessionKey, session_key
-
-if TYPE_CHECKING:
-    from redis.asyncio import Redis
-    from redis.asyncio.cluster import RedisCluster
 
 log = logging.getLogger(__name__)
 
@@ -60,24 +57,10 @@ def line(record: Record) -> Record:
     return out
 
 
-def connect(url: str) -> Redis | RedisCluster:
-    """redis-py's client of the state store at ``url`` (a cluster's for ``redis+cluster://``,
-    its seeds the nodes the URL names)."""
-    if is_cluster_url(url):
-        from redis.asyncio.cluster import ClusterNode, RedisCluster
-
-        parsed = ClusterUrl.parse(url)
-        return RedisCluster(startup_nodes=[ClusterNode(host, port) for host, port in parsed.seeds],
-                            username=parsed.username, password=parsed.password, ssl=parsed.tls)
-    from redis.asyncio import Redis
-
-    return Redis.from_url(url, decode_responses=False)
-
-
 class SharedReplay:
     def __init__(
         self,
-        redis: Redis | RedisCluster,
+        server: RespClient | ClusterClient,
         metrics: Metrics,
         *,
         prefix: str,
@@ -86,7 +69,9 @@ class SharedReplay:
         flush_seconds: float,
         max_pending: int,
     ) -> None:
-        self._redis = redis
+        """``server``: the store's lean client (``state.cluster.connect``), a connection of
+        its own, so a batch of records never queues ahead of the state layer's calls."""
+        self._server = server
         self._metrics = metrics
         self._prefix = f"{prefix}:{SCHEMA}:"
         self._ttl_ms = int(ttl_seconds * 1000)
@@ -109,7 +94,7 @@ class SharedReplay:
 
     def start(self) -> None:
         if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="replay-shared-writer")
+            self._task = asyncio.create_task(self._run_writer(), name="replay-shared-writer")
 
     async def stop(self) -> None:
         """Write what is pending (one bounded try), then close the connection."""
@@ -120,44 +105,56 @@ class SharedReplay:
                 await task
         while self._pending and await self.flush():
             pass
-        await self._redis.aclose()
+        await self._server.close()
 
     async def flush(self) -> bool:
-        """Write up to ``BATCH`` pending records; False when the store did not take them."""
+        """Write up to ``BATCH`` pending records in one round trip; False when the store did
+        not take them. A session's several records in a batch share its commands (one
+        ``HSET`` of their lines, one ``RPUSH`` of their ids, one expiry each)."""
         batch = [self._pending.popitem(last=False) for _ in range(min(BATCH, len(self._pending)))]
         if not batch:
             return True
-        pipe = self._redis.pipeline(transaction=False)
+        ttl = self._ttl_ms
+        commands: list[tuple[str, Command]] = []
+        lines: dict[str, list[Arg]] = {}
+        ids: dict[str, list[Arg]] = {}
+        tenants: dict[str, dict[str, None]] = {}
         recent: dict[str, dict[bytes, float]] = {}
         for replay_id, (record, new) in batch:
-            pipe.set(self._key("r", replay_id), orjson.dumps(record), px=self._ttl_ms)
+            stored = self._key("r", replay_id)
+            commands.append((stored, ("SET", stored, orjson.dumps(record), "PX", ttl)))
             key = session_key(record)
             if key is None:
                 continue
-            lines = self._key("sl", f"{key[0]}/{key[1]}")
-            pipe.hset(lines, replay_id, orjson.dumps(line(record)))
-            pipe.pexpire(lines, self._ttl_ms)
+            lines.setdefault(self._key("sl", f"{key[0]}/{key[1]}"), []).extend(
+                (replay_id, orjson.dumps(line(record))))
             if new:
-                ids = self._session_list(key)
-                pipe.rpush(ids, replay_id)
-                pipe.ltrim(ids, -self._session_records, -1)
-                pipe.pexpire(ids, self._ttl_ms)
-                tenants = self._key("rt", key[1])
-                pipe.sadd(tenants, key[0])
-                pipe.pexpire(tenants, self._ttl_ms)
+                ids.setdefault(self._session_list(key), []).append(replay_id)
+                tenants.setdefault(self._key("rt", key[1]), {})[key[0]] = None
                 member = orjson.dumps(list(key))
                 for index in (self._key("ss", ""), self._key("st", key[0])):
                     stamps = recent.setdefault(index, {})
                     stamps[member] = max(stamps.get(member, 0.0), float(record["time"]))
-        oldest = time.time() - self._ttl_ms / 1000
+        for name, fields in lines.items():
+            commands += [(name, ("HSET", name, *fields)), (name, ("PEXPIRE", name, ttl))]
+        for name, added in ids.items():
+            commands += [(name, ("RPUSH", name, *added)),
+                         (name, ("LTRIM", name, -self._session_records, -1)),
+                         (name, ("PEXPIRE", name, ttl))]
+        for name, members in tenants.items():
+            commands += [(name, ("SADD", name, *members)), (name, ("PEXPIRE", name, ttl))]
+        oldest = time.time() - ttl / 1000
         for index, stamps in recent.items():
-            pipe.zadd(index, stamps, gt=True)       # another replica's newer turn stays
-            pipe.zremrangebyscore(index, "-inf", oldest)
-            pipe.zremrangebyrank(index, 0, -RECENT_SESSIONS - 1)
-            pipe.pexpire(index, self._ttl_ms)
+            scored = [arg for member, stamp in stamps.items() for arg in (stamp, member)]
+            commands += [
+                (index, ("ZADD", index, "GT", *scored)),  # another replica's newer turn stays
+                (index, ("ZREMRANGEBYSCORE", index, "-inf", oldest)),
+                (index, ("ZREMRANGEBYRANK", index, 0, -RECENT_SESSIONS - 1)),
+                (index, ("PEXPIRE", index, ttl)),
+            ]
         started = time.perf_counter()
         try:
-            await asyncio.wait_for(pipe.execute(), TIMEOUT_SECONDS)
+            await self._run(commands)
         except Exception as exc:
             self._metrics.store_errors.labels("replay_write", type(exc).__name__).inc()
             for replay_id, (record, new) in reversed(batch):
@@ -169,8 +166,8 @@ class SharedReplay:
     # -- reads -------------------------------------------------------------------------------
 
     async def get(self, replay_id: str) -> Record | None:
-        data = await asyncio.wait_for(self._redis.get(self._key("r", replay_id)),
-                                      TIMEOUT_SECONDS)
+        key = self._key("r", replay_id)
+        (data,) = await self._run([(key, ("GET", key))])
         return None if data is None else orjson.loads(data)
 
     async def for_session(self, session_id: str, tenant: str | None) -> list[Record]:
@@ -179,20 +176,17 @@ class SharedReplay:
         if tenant is not None:
             tenants = [tenant]
         else:
-            members = await asyncio.wait_for(
-                self._redis.smembers(self._key("rt", session_id)), TIMEOUT_SECONDS)
-            tenants = sorted(m.decode() if isinstance(m, bytes) else m for m in members)
-        pipe = self._redis.pipeline(transaction=False)
-        for name in tenants:
-            pipe.lrange(self._session_list((name, session_id)), 0, -1)
-        lists = await asyncio.wait_for(pipe.execute(), TIMEOUT_SECONDS) if tenants else []
-        ids = [i.decode() for found in lists for i in found]
-        if not ids:
+            key = self._key("rt", session_id)
+            (members,) = await self._run([(key, ("SMEMBERS", key))])
+            tenants = sorted(m.decode() for m in members)
+        if not tenants:
             return []
-        pipe = self._redis.pipeline(transaction=False)  # a cluster's keys sit in many slots
-        for i in ids:
-            pipe.get(self._key("r", i))
-        values = await asyncio.wait_for(pipe.execute(), TIMEOUT_SECONDS)
+        lists = await self._run([(key, ("LRANGE", key, 0, -1)) for key in
+                                 (self._session_list((name, session_id)) for name in tenants)])
+        keys = [self._key("r", i.decode()) for found in lists for i in found]
+        if not keys:
+            return []
+        values = await self._run([(key, ("GET", key)) for key in keys])
         records = [orjson.loads(v) for v in values if v is not None]
         return sorted(records, key=lambda r: r["time"])
 
@@ -201,10 +195,9 @@ class SharedReplay:
         """The most recently active sessions first, with their last record's time
         (``tenant``'s only unless None)."""
         index = self._key("ss", "") if tenant is None else self._key("st", tenant)
-        found: list[Any] = await asyncio.wait_for(
-            self._redis.zrevrange(index, 0, limit - 1, withscores=True), TIMEOUT_SECONDS)
+        (found,) = await self._run([(index, ("ZREVRANGE", index, 0, limit - 1, "WITHSCORES"))])
         out: list[tuple[SessionKey, float]] = []
-        for member, score in found:
+        for member, score in zip(found[::2], found[1::2], strict=True):
             tenant_id, session_id = orjson.loads(member)
             out.append(((str(tenant_id), str(session_id)), float(score)))
         return out
@@ -213,14 +206,22 @@ class SharedReplay:
         """Each session's record lines (``line``), in time order, in one round trip."""
         if not keys:
             return {}
-        pipe = self._redis.pipeline(transaction=False)
-        for key in keys:
-            pipe.hgetall(self._key("sl", f"{key[0]}/{key[1]}"))
-        found = await asyncio.wait_for(pipe.execute(), TIMEOUT_SECONDS)
-        return {key: sorted((orjson.loads(v) for v in lines.values()), key=lambda r: r["time"])
-                for key, lines in zip(keys, found, strict=True)}
+        names = [self._key("sl", f"{key[0]}/{key[1]}") for key in keys]
+        found = await self._run([(name, ("HGETALL", name)) for name in names])
+        return {key: sorted((orjson.loads(v) for v in fields[1::2]), key=lambda r: r["time"])
+                for key, fields in zip(keys, found, strict=True)}
 
     # -- internals ---------------------------------------------------------------------------
+
+    async def _run(self, commands: list[tuple[str, Command]]) -> list[Any]:
+        """The replies of ``commands`` (one round trip per server), within the time-out; an
+        error reply raises."""
+        replies: list[Any] = await asyncio.wait_for(self._server.execute(commands),
+                                                    TIMEOUT_SECONDS)
+        for reply in replies:
+            if isinstance(reply, RespError):
+                raise reply
+        return replies
 
     def _key(self, kind: str, name: str) -> str:
         return f"{self._prefix}{kind}:{name}"
@@ -251,7 +252,7 @@ class SharedReplay:
         self._pending[replay_id] = (record, new)
         self._pending.move_to_end(replay_id, last=False)
 
-    async def _run(self) -> None:
+    async def _run_writer(self) -> None:
         while True:
             await asyncio.sleep(self._flush_seconds)
             try:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..config import Config, ConfigError
+from ..state.cluster import connect
 from .admin import load_token
 
 Check = Callable[[Config], list[str]]
@@ -77,15 +78,12 @@ def store_problems(config: Config, timeout: float = 2.0) -> list[str]:
     """The shared store does not answer a PING (only with ``state.store: redis``)."""
     if config.state.store != "redis":
         return []
-    from redis.asyncio import Redis
-
     async def ping() -> None:
-        client = Redis.from_url(config.state.redis_url, socket_timeout=timeout,
-                                socket_connect_timeout=timeout)
+        client = connect(config.state.redis_url)
         try:
             await asyncio.wait_for(client.ping(), timeout)
         finally:
-            await client.aclose()
+            await client.close()
 
     try:
         asyncio.run(ping())

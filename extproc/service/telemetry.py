@@ -17,8 +17,9 @@ from ..config import Config
 from ..observability.figures import Figures
 from ..observability.metrics import Metrics
 from ..observability.replay import RecordListener
-from ..observability.shared_replay import ReplayLookup, SharedReplay, connect
+from ..observability.shared_replay import ReplayLookup, SharedReplay
 from ..observability.standard import PoolGauges, StandardFigures, pools_of
+from ..state.cluster import connect
 from .admin import AdminAuth
 
 PROCESS_METHOD = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"

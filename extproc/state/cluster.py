@@ -44,6 +44,13 @@ def is_cluster_url(url: str) -> bool:
     return url.partition("://")[0] in CLUSTER_SCHEMES
 
 
+def connect(url: str) -> RespClient | ClusterClient:
+    """The lean client of the store at ``url``: a cluster's (``redis+cluster://``) or one
+    server's. Both ``execute`` ``(key, command)`` pairs in one round trip, ``ping`` and
+    ``close``."""
+    return ClusterClient(url) if is_cluster_url(url) else RespClient(url)
+
+
 def key_slot(key: str | bytes) -> int:
     """The slot of ``key``: CRC16 (XMODEM) of its hash tag — the text between its first
     ``{`` and the next ``}``, when not empty — else of the whole key, modulo 16384."""

@@ -37,7 +37,7 @@ from ..config import Config, ConfigError
 from ..observability.metrics import Metrics
 from ..types import Clock
 from .memory import MemoryStore
-from .records import Write, session_of
+from .records import Forget, Write, session_of
 from .redis import RedisStore
 from .store import Applied, Facts, Query, Store
 
@@ -49,6 +49,8 @@ TRIP_TIMEOUTS = 3
 """Slow calls in a row that mark the store down (one connection failure does at once)."""
 OFF_PATH = 20
 """Writes off the request path (the writer, the backlog) wait this many times ``timeout``."""
+MAX_SEND_BATCH = 64
+"""Sends the writer joins into one call at most (a call's script stays short)."""
 
 T = TypeVar("T")
 
@@ -218,7 +220,8 @@ class StateLayer:
         connection failure, or on too many slow calls in a row)."""
         started = time.perf_counter()
         try:
-            result = await asyncio.wait_for(call, timeout)
+            async with asyncio.timeout(timeout):  # in this task: no task made per call
+                result = await call
         except TimeoutError:
             self._metrics.store_errors.labels(op, "TimeoutError").inc()
             self._slow += 1
@@ -321,10 +324,19 @@ class StateLayer:
                                self._timeout * OFF_PATH * batches)
 
     async def _writer(self) -> None:
-        """Sends what ``send`` queued, in order; off the request path, so it waits longer."""
+        """Sends what ``send`` queued, in order; off the request path, so it waits longer.
+        What queued while a call was out goes in the next one, whole (up to
+        ``MAX_SEND_BATCH`` sends): a busy session's turns share one compare-and-set."""
         assert self._queue is not None and self.shared is not None
         while True:
-            writes = await self._queue.get()
+            batch = await self._queue.get()
+            writes, taken = list(batch), 1
+            # A store's call writes records before it forgets: a send after a Forget waits.
+            while (taken < MAX_SEND_BATCH and not self._queue.empty()
+                   and not any(isinstance(w, Forget) for w in batch)):
+                batch = self._queue.get_nowait()
+                writes += batch
+                taken += 1
             try:
                 sent = None
                 if self._up:
@@ -333,4 +345,5 @@ class StateLayer:
                 if sent is None:
                     self._defer(writes, lost=not self._up)
             finally:
-                self._queue.task_done()
+                for _ in range(taken):
+                    self._queue.task_done()

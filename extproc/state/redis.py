@@ -31,7 +31,7 @@ from typing import Any
 
 import xxhash
 
-from .cluster import ClusterClient, is_cluster_url, key_slot
+from .cluster import ClusterClient, connect, key_slot
 from .records import (
     Claim,
     Commit,
@@ -46,7 +46,7 @@ from .records import (
     unpack_owner,
     unpack_record,
 )
-from .resp import Arg, Command, RespClient, RespError, Script
+from .resp import Arg, Command, RespError, Script
 from .store import Applied, Facts, Query
 
 SCHEMA = "v1"
@@ -154,8 +154,8 @@ class RedisStore:
         owner_ttl: float,
         max_known: int = 100_000,
     ) -> None:
-        self._cluster = ClusterClient(url) if is_cluster_url(url) else None
-        self._redis = None if self._cluster is not None else RespClient(url)
+        self._server = connect(url)
+        self._cluster = self._server if isinstance(self._server, ClusterClient) else None
         self._session_prefix = f"{prefix}:{SCHEMA}:s:"
         self._owner_prefix = f"{prefix}:{SCHEMA}:o:"
         self._secret_key = f"{prefix}:{SCHEMA}:secret"
@@ -192,11 +192,7 @@ class RedisStore:
     async def _run(self, commands: list[tuple[str, Command]]) -> list[Any]:
         """Each ``(key, command)`` on the server holding ``key``, in one round trip; an error
         reply raises."""
-        if self._cluster is not None:
-            replies = await self._cluster.execute(commands)
-        else:
-            assert self._redis is not None
-            replies = await self._redis.pipeline([command for _, command in commands])
+        replies = await self._server.execute(commands)
         for reply in replies:
             if isinstance(reply, RespError):
                 raise reply
@@ -289,6 +285,9 @@ class RedisStore:
                 owner = pack_owner(write.owner)
                 claims.extend((key, owner) for key in write.keys)
             elif isinstance(write, Forget):
+                # Its turns so far are forgotten with it: written, then deleted, a conflict's
+                # retry would write them again after the delete.
+                sessions.pop(write.session_key, None)
                 forgets.append(write.session_key)
         bases = {key: self._known.get(key) for key in sessions}
         switches: list[tuple[str, str]] = []
@@ -375,16 +374,10 @@ class RedisStore:
         return (kept if isinstance(kept, bytes) and kept else fresh), created is not None
 
     async def ping(self) -> None:
-        if self._cluster is not None:
-            await self._cluster.ping()
-        else:
-            await self._run([("", ("PING",))])
+        await self._server.ping()
 
     async def close(self) -> None:
-        if self._cluster is not None:
-            await self._cluster.close()
-        if self._redis is not None:
-            await self._redis.close()
+        await self._server.close()
 
     def _remember(self, key: str, record: SessionRecord | None) -> None:
         self._known[key] = record

@@ -124,6 +124,14 @@ class RespClient:
         protocol.transport.write(encode(args))
         return await future
 
+    async def execute(self, commands: Sequence[tuple[str, Command]]) -> list[Any]:
+        """``pipeline`` of the commands of ``(key, command)`` pairs: one server holds every
+        key (the cluster client's ``execute`` routes them by slot)."""
+        return await self.pipeline([command for _, command in commands])
+
+    async def ping(self) -> None:
+        await self.call("PING")
+
     async def pipeline(self, commands: Sequence[Command]) -> list[Any]:
         """Send ``commands`` in one write; their replies in order, an error reply as its
         ``RespError`` in place. A script the server has not seen (``NOSCRIPT``) is sent again

@@ -82,9 +82,8 @@ def test_two_replicas_on_a_cluster_keep_every_tool_loop_on_its_worker(tmp_path):
     replay id one replica gave resolves on the other (the shared replay on the cluster)."""
     import asyncio
 
-    from extproc.observability.shared_replay import connect
     from tests.e2e.conftest import get_json
-    from tests.state.conftest import holder, keys
+    from tests.state.conftest import holder, keys, oracle
 
     with replicated(tmp_path, store="redis-cluster") as stack:
         assert stack.store_url is not None and stack.store_url.startswith("redis+cluster://")
@@ -96,7 +95,7 @@ def test_two_replicas_on_a_cluster_keep_every_tool_loop_on_its_worker(tmp_path):
         assert all(decisions(p.http) > 10 for p in stack.processors)
 
         async def spread() -> tuple[int, int]:
-            client = connect(stack.store_url or "")
+            client = oracle(stack.store_url or "")
             stored = await keys(client, "saar:v1:*")
             holders = {await holder(client, await client.cluster_keyslot(key))
                        for key in stored if ":s:{" in key}

@@ -16,9 +16,10 @@ from extproc.core.router import LocalDriver
 from extproc.dev.harness import store_server
 from extproc.observability.metrics import Metrics
 from extproc.observability.shared_replay import SharedReplay as Writer
-from extproc.observability.shared_replay import connect
 from extproc.service.app import start
+from extproc.state.cluster import connect
 from extproc.types import Api, ResponseSummary
+from tests.state.conftest import oracle
 
 TOKEN = "shared-replay-admin-token-0123"
 ADMIN = {"authorization": f"Bearer {TOKEN}"}
@@ -77,7 +78,7 @@ async def test_an_id_from_one_replica_resolves_on_another(config, valkey, tmp_pa
                 lambda: http.get("/v1/replay?session_id=across", headers=ADMIN),
                 lambda r: len(r.json()["records"]) == 2)
             assert [r["replay_id"] for r in listed.json()["records"]] == [first, second]
-        redis = connect(valkey)
+        redis = oracle(valkey)
         try:
             for _ in range(KEPT + 2):
                 _route(a, ALICE, "long")

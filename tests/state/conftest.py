@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from extproc.dev.harness import StoreCluster, StoreProcess, store_server
+from extproc.state.cluster import ClusterUrl, is_cluster_url
 from extproc.state.redis import RedisStore
 
 SINGLE = ("redis", "valkey")
@@ -40,6 +41,19 @@ def servers(tmp_path_factory) -> Iterator[Servers]:
 @pytest.fixture(params=SERVERS)
 def server(request, servers: Servers) -> tuple[StoreProcess, str]:
     return servers(request.param)
+
+
+def oracle(url: str) -> Any:
+    """redis-py's client of the store at ``url`` (its cluster client for
+    ``redis+cluster://``): what a test reads the store with, never the code under test."""
+    from redis.asyncio import Redis
+    from redis.asyncio.cluster import ClusterNode, RedisCluster
+
+    if is_cluster_url(url):
+        parsed = ClusterUrl.parse(url)
+        return RedisCluster(startup_nodes=[ClusterNode(host, port) for host, port in parsed.seeds],
+                            username=parsed.username, password=parsed.password, ssl=parsed.tls)
+    return Redis.from_url(url, decode_responses=False)
 
 
 def redis_store(url: str, prefix: str, **options: float) -> RedisStore:

@@ -13,7 +13,7 @@ from extproc.dev.harness import StoreProcess, store_server
 from extproc.observability.metrics import Metrics
 from extproc.state.layer import StateLayer
 from extproc.state.memory import MemoryStore
-from extproc.state.records import Claim, Commit, Owner, Turn, owner_key
+from extproc.state.records import Claim, Commit, Forget, Owner, Turn, owner_key
 from extproc.state.store import Query
 from extproc.types import Phase
 from tests.state.conftest import SERVERS, redis_store
@@ -84,6 +84,33 @@ async def test_sent_writes_reach_the_store_in_order(server, prefix):
     await state.stop()  # drains what was sent
     recent = (await reader.load(Query("t/s"))).session.recent
     assert recent[-5:] == tuple(f"rp-{n}" for n in range(1, 6))
+    await reader.stop()
+
+
+async def test_sends_queued_meanwhile_share_one_call_and_a_forget_ends_it(server, prefix):
+    """The writer joins the sends that queued while it was busy (a busy session's turns, one
+    compare-and-set); a store's call writes records before it forgets, so a send that follows
+    a Forget goes in the next call: the session is forgotten, then written again."""
+    url = server[1]
+    metrics = Metrics()
+    state, reader = layer(url, prefix, metrics), layer(url, prefix)
+    state.start()
+    for n in range(1, 6):
+        state.send([Commit(turn(n))])
+    await state.stop()
+    sends = metrics.registry.get_sample_value("saar_store_seconds_count", {"op": "send"})
+    assert sends == 1, "five sends queued at once went in one call"
+    assert (await reader.load(Query("t/s"))).session.recent[-5:] == tuple(
+        f"rp-{n}" for n in range(1, 6))
+
+    state = layer(url, prefix, metrics)
+    state.start()
+    state.send([Commit(turn(6)), Forget("t/s")])
+    state.send([Commit(turn(7))])
+    await state.stop()
+    again = (await reader.load(Query("t/s"))).session
+    assert again is not None and again.recent == ("rp-7",), "forgotten, then turn 7 alone"
+    assert metrics.registry.get_sample_value("saar_store_seconds_count", {"op": "send"}) == 3
     await reader.stop()
 
 

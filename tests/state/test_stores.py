@@ -8,13 +8,12 @@ from dataclasses import replace
 
 import pytest
 
-from extproc.observability.shared_replay import connect
 from extproc.state.memory import MemoryStore
 from extproc.state.records import Claim, Commit, Finish, Forget, Owner, Turn, owner_key
 from extproc.state.store import Query, Store
 from extproc.types import Phase, Usage
 from tests.conftest import FakeClock
-from tests.state.conftest import CLUSTERS, SERVERS, clustered, holder, keys, redis_store
+from tests.state.conftest import CLUSTERS, SERVERS, clustered, holder, keys, oracle, redis_store
 
 
 def turn(n: int, session: str = "t/s", model: str = "m1", switched: bool = False) -> Turn:
@@ -120,7 +119,7 @@ def test_memory_store_expires_sessions_and_owners():
 async def test_redis_keys_are_namespaced_versioned_and_expire(server, prefix, clock):
     store = redis_store(server[1], prefix, session_ttl=30, owner_ttl=90)
     await store.apply([Commit(turn(1)), Claim((owner_key("t", "c"),), Owner("m"))], clock())
-    client = connect(server[1])
+    client = oracle(server[1])
     owner, session = ((f"{prefix}:v1:o:{{t/c}}", f"{prefix}:v1:s:{{t/s}}") if clustered(server)
                       else (f"{prefix}:v1:o:t/c", f"{prefix}:v1:s:t/s"))
     assert await keys(client, f"{prefix}:*") == [owner, session]
@@ -142,7 +141,7 @@ async def test_a_cluster_spreads_sessions_over_its_primaries_and_no_client_picks
     await store.apply([Commit(turn(1, session=name)) for name in named], clock())
     for name in named:
         assert (await store.load(Query(name))).session.turns == 1
-    client = connect(url)
+    client = oracle(url)
     stored = await keys(client, f"{prefix}:*")
     assert len(stored) == len(named)
     slots = {key: await client.cluster_keyslot(key) for key in stored}  # the server's CRC16

@@ -7,16 +7,17 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import tempfile
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from .. import EXAMPLE_CONFIG
-from ..harness import run_stack
+from ..harness import Service, Stack, StoreCluster, run_stack
 from .bodies import DEFAULT_BODIES, STREAMED, body
 from .load import Load, LoadResult, pick_client, run_load
 from .passthrough import command
@@ -49,6 +50,10 @@ class Cell:
     body: str
     concurrency: int
     result: LoadResult
+    cpu_ms: dict[str, float]
+    """CPU milliseconds (user + system, every thread) per request, by part of the stack
+    (``processor``, ``store``, ``envoy``): what each costs the machine, a figure this noisy
+    machine's neighbours move far less than req/s."""
 
     def as_json(self) -> dict[str, Any]:
         r = self.result
@@ -56,6 +61,7 @@ class Cell:
             "variant": self.variant, "body": self.body, "concurrency": self.concurrency,
             "p50_ms": round(r.p50_ms, 3), "p99_ms": round(r.p99_ms, 3), "rps": round(r.rps, 1),
             "requests": r.requests, "non_200": r.non_200,
+            "cpu_ms": {part: round(ms, 3) for part, ms in self.cpu_ms.items()},
         }
 
 
@@ -105,9 +111,42 @@ def run_overhead(config: dict[str, Any], settings: Settings) -> Report:
                         headers = {**HEADERS, **({STREAM_HEADER: "1"} if name in STREAMED
                                                  else {})}
                         load = Load(f"{stack.url}/v1/chat/completions", body(name, model),
-                                    headers, concurrency, settings.warmup_s, settings.duration_s)
-                        cells.append(Cell(variant, name, concurrency, run_load(load, client)))
+                                    headers, concurrency, 0.0, settings.duration_s)
+                        if settings.warmup_s > 0:
+                            run_load(replace(load, duration_s=settings.warmup_s), client)
+                        before = _cpu_seconds(stack)
+                        result = run_load(load, client)
+                        after = _cpu_seconds(stack)
+                        cpu = {part: 1000 * (after[part] - before[part]) / max(1, result.requests)
+                               for part in after}
+                        cells.append(Cell(variant, name, concurrency, result, cpu))
     return Report(client, settings.upstream, cells)
+
+
+PARTS = ("processor", "store", "envoy")
+
+
+def _cpu_seconds(stack: Stack) -> dict[str, float]:
+    """CPU seconds each part of ``stack`` has used so far (its processes' user + system
+    time, from ``/proc``); parts it does not run are left out."""
+    store = stack.store
+    pids = {"processor": [p.service.proc for p in stack.processors],
+            "store": ([] if store is None else [node.proc for node in store.nodes]
+                      if isinstance(store, StoreCluster) else [store.proc]),
+            "envoy": [s.proc for s in stack.services
+                      if isinstance(s, Service) and s.name == "envoy"]}
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for part, procs in pids.items():
+        running = [proc.pid for proc in procs if proc is not None]
+        if not running:
+            continue
+        total = 0.0
+        for pid in running:
+            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        out[part] = total
+    return out
 
 
 def _added(value: float, base: float | None) -> str:
@@ -115,7 +154,8 @@ def _added(value: float, base: float | None) -> str:
 
 
 def format_table(report: Report) -> str:
-    head = ("variant", "body", "conc", "p50 ms", "p99 ms", "req/s", "+p50", "+p99", "non-200")
+    head = ("variant", "body", "conc", "p50 ms", "p99 ms", "req/s", "+p50", "+p99", "non-200",
+            *(f"{part} cpu" for part in PARTS))
     rows = [head]
     for cell in report.cells:
         r, base = cell.result, report.baseline(cell)
@@ -123,10 +163,12 @@ def format_table(report: Report) -> str:
             cell.variant, cell.body, str(cell.concurrency), f"{r.p50_ms:.2f}", f"{r.p99_ms:.2f}",
             f"{r.rps:.0f}", _added(r.p50_ms, base.result.p50_ms if base else None),
             _added(r.p99_ms, base.result.p99_ms if base else None), str(r.non_200),
+            *(f"{cell.cpu_ms[part]:.3f}" if part in cell.cpu_ms else "" for part in PARTS),
         ))
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = [f"client: {report.client}; upstream: {report.upstream}; "
-             "req/s counts 200s; +p50/+p99 = added over Envoy alone (same body, concurrency)"]
+             "req/s counts 200s; +p50/+p99 = added over Envoy alone (same body, concurrency); "
+             "cpu = CPU ms per request of each part"]
     lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)) for row in rows]
     return "\n".join([*lines, *_targets(report)])
 

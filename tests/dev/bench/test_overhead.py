@@ -21,7 +21,8 @@ from extproc.dev.bench.upstream import canned_upstream
 from extproc.dev.bench.variants import TRANSFORMS, pointed_at
 
 pytestmark = pytest.mark.e2e
-RESULT_KEYS = {"variant", "body", "concurrency", "p50_ms", "p99_ms", "rps", "requests", "non_200"}
+RESULT_KEYS = {"variant", "body", "concurrency", "p50_ms", "p99_ms", "rps", "requests", "non_200",
+               "cpu_ms"}
 
 
 def test_bodies_have_exact_sizes() -> None:
@@ -62,6 +63,10 @@ def test_overhead_json_all_variants_200(capsys: pytest.CaptureFixture[str]) -> N
         assert set(result) == RESULT_KEYS
         assert result["requests"] > 0 and result["non_200"] == 0, result
         assert result["p99_ms"] >= result["p50_ms"] > 0 and result["rps"] > 0
+        assert set(result["cpu_ms"]) == {"processor", "envoy"}  # no store in these variants
+        assert all(ms >= 0 for ms in result["cpu_ms"].values())
+    envoy = sum(r["cpu_ms"]["envoy"] * r["requests"] for r in results)
+    assert envoy > 0, "Envoy's CPU time is read while it serves"
 
 
 @pytest.mark.skipif(not shutil.which("wrk"), reason="wrk not installed")
