@@ -31,11 +31,14 @@ MARK_EVERY = 512
 a compaction) reuses what came before."""
 
 _xxh3 = xxhash.xxh3_64_intdigest
+_WIDTH = array("Q").itemsize
 
 
 @dataclass(slots=True)
 class Memo:
-    hashes: array[int]
+    hashes: bytes
+    """The prompt's block hashes, packed (``array("Q").tobytes()``: bytes, which the garbage
+    collector does not track, where an array is one more object per session to scan)."""
     marks: tuple[tuple[int, int], ...]
     """(blocks, digest of the bytes those blocks cover), ascending (tuples: the garbage
     collector stops tracking them)."""
@@ -84,12 +87,12 @@ class BlockMemo:
         memos = entry.memos if entry.memos is not None else {}
         memo = memos.pop(model, None)
         marks, reused = self._marks(data, total, memo)
-        base = array("Q") if memo is None else memo.hashes[:reused]
+        base = array("Q") if memo is None else array("Q", memo.hashes[: reused * _WIDTH])
         hashes = _hash(data, self.block, model, reused, base)
         if memo is not None:
-            self._held -= len(memo.hashes)
+            self._held -= len(memo.hashes) // _WIDTH
             self._count -= 1
-        memos[model] = Memo(hashes, tuple(marks))
+        memos[model] = Memo(hashes.tobytes(), tuple(marks))
         entry.memos = memos
         self._held += len(hashes)
         self._count += 1
@@ -113,7 +116,7 @@ class BlockMemo:
     def _drop(self, entry: Entry) -> None:
         memos, entry.memos = entry.memos, None
         for memo in (memos or {}).values():
-            self._held -= len(memo.hashes)
+            self._held -= len(memo.hashes) // _WIDTH
             self._count -= 1
 
     def _marks(
