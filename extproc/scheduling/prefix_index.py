@@ -13,12 +13,31 @@ keeps each worker's set closed under prefixes (block ``i`` held ⇒ blocks ``0..
 
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 
 from ..apis import CHARS_PER_TOKEN
 from ..config import PrefixIndexConfig
 from .types import Worker
+
+Chain = bytes | tuple[int, ...]
+
+
+def _packed(blocks: Sequence[int]) -> Chain:
+    """``blocks`` as a chain is kept: packed in bytes, which the garbage collector does not
+    track (an array or a list is one more object for every full collection to scan); a tuple
+    (untracked once collected) for hashes that are not unsigned 64-bit."""
+    if isinstance(blocks, array) and blocks.typecode == "Q":
+        return blocks.tobytes()
+    try:
+        return array("Q", blocks).tobytes()
+    except OverflowError:
+        return tuple(blocks)
+
+
+def _unpacked(chain: Chain) -> Sequence[int]:
+    return memoryview(chain).cast("Q") if isinstance(chain, bytes) else chain
 
 
 class _Chains:
@@ -28,7 +47,8 @@ class _Chains:
     __slots__ = ("chains", "refs")
 
     def __init__(self) -> None:
-        self.chains: OrderedDict[int, Sequence[int]] = OrderedDict()
+        self.chains: OrderedDict[int, Chain] = OrderedDict()
+        """Chains by their last hash, each packed (``_packed``)."""
         self.refs: dict[int, int] = {}
 
     def add(self, blocks: Sequence[int]) -> None:
@@ -142,7 +162,7 @@ class ApproximatePrefixIndex:
             view.add(blocks[extends:])
         else:
             view.add(blocks)
-        view.chains[tip] = blocks
+        view.chains[tip] = _packed(blocks)
         self._evict(worker)
 
     def _evict(self, worker: str) -> None:
@@ -155,8 +175,9 @@ class ApproximatePrefixIndex:
         capacity = self.capacity(worker)
         while len(view.refs) > capacity and len(view.chains) > 1:
             _, oldest = view.chains.popitem(last=False)
-            view.drop(oldest)
+            view.drop(_unpacked(oldest))
         if len(view.refs) > capacity:
-            _, chain = view.chains.popitem()
+            _, packed = view.chains.popitem()
+            chain = _unpacked(packed)
             view.drop(chain[capacity:])
-            view.chains[chain[capacity - 1]] = chain[:capacity]
+            view.chains[chain[capacity - 1]] = _packed(chain[:capacity])

@@ -115,3 +115,36 @@ def test_from_config() -> None:
         PrefixIndexConfig(chars_per_block=32, default_capacity_blocks=7)
     )
     assert (index.chars_per_block, index.capacity("any")) == (32, 7)
+
+
+@pytest.mark.parametrize("offset", [0, -(1 << 40), 1 << 64],
+                         ids=["unsigned-64", "negative", "over-64-bits"])
+def test_chains_of_any_ints_are_held_and_evicted_alike(offset: int) -> None:
+    """Chains are kept packed when their hashes are unsigned 64-bit (the memo's), as they are
+    otherwise: the same answers either way, through both evictions."""
+    a, b = (tuple(x + offset for x in chain) for chain in (A, B))
+    index = ApproximatePrefixIndex(default_capacity_blocks=4)
+    index.routed("w", a)
+    index.routed("w", b)
+    assert (index.held("w"), index.matched_blocks("w", a), index.matched_blocks("w", b)) == (
+        4, 2, 4)
+    index.routed("w", tuple(x + offset for x in range(100, 106)))  # alone, longer than 4
+    assert index.matched_blocks("w", tuple(x + offset for x in range(100, 106))) == 4
+    assert index.matched_blocks("w", b) == 0
+
+
+def test_held_chains_leave_nothing_for_the_collector_to_scan() -> None:
+    """A thousand chains as the memo hands them (arrays of 64-bit hashes): a full collection
+    finds no more objects than before (an array a chain would be a thousand more)."""
+    import gc
+    from array import array
+
+    index = ApproximatePrefixIndex(default_capacity_blocks=1_000_000)
+    index.routed("w", (1, 2))
+    gc.collect()
+    before = len(gc.get_objects())
+    for n in range(1000):
+        index.routed("w", array("Q", range(n * 10 + 3, n * 10 + 13)))
+    gc.collect()
+    assert len(gc.get_objects()) - before < 50
+    assert index.matched_blocks("w", array("Q", range(5003, 5013))) == 10
