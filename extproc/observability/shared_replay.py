@@ -30,7 +30,7 @@ from typing import Any
 import orjson
 
 from ..state.cluster import ClusterClient
-from ..state.resp import Arg, Command, RespClient, RespError
+from ..state.resp import Arg, Command, RespClient, checked
 from .metrics import Metrics
 from .replay import Record, ReplayStore, SessionKey, session_key
 
@@ -216,12 +216,7 @@ class SharedReplay:
     async def _run(self, commands: list[tuple[str, Command]]) -> list[Any]:
         """The replies of ``commands`` (one round trip per server), within the time-out; an
         error reply raises."""
-        replies: list[Any] = await asyncio.wait_for(self._server.execute(commands),
-                                                    TIMEOUT_SECONDS)
-        for reply in replies:
-            if isinstance(reply, RespError):
-                raise reply
-        return replies
+        return checked(await asyncio.wait_for(self._server.execute(commands), TIMEOUT_SECONDS))
 
     def _key(self, kind: str, name: str) -> str:
         return f"{self._prefix}{kind}:{name}"

@@ -46,7 +46,7 @@ from .records import (
     unpack_owner,
     unpack_record,
 )
-from .resp import Arg, Command, RespError, Script
+from .resp import Arg, Command, Script, checked
 from .store import Applied, Facts, Query
 
 SCHEMA = "v1"
@@ -192,11 +192,7 @@ class RedisStore:
     async def _run(self, commands: list[tuple[str, Command]]) -> list[Any]:
         """Each ``(key, command)`` on the server holding ``key``, in one round trip; an error
         reply raises."""
-        replies = await self._server.execute(commands)
-        for reply in replies:
-            if isinstance(reply, RespError):
-                raise reply
-        return replies
+        return checked(await self._server.execute(commands))
 
     # -- Store -----------------------------------------------------------------------------
 

@@ -61,6 +61,14 @@ class ConnectionLost(ConnectionError):
     """The connection closed with replies still owed."""
 
 
+def checked(replies: list[Any]) -> list[Any]:
+    """``replies``, the first error reply among them raised."""
+    for reply in replies:
+        if isinstance(reply, RespError):
+            raise reply
+    return replies
+
+
 def encode(args: tuple[Arg, ...]) -> bytes:
     parts = [b"*%d\r\n" % len(args)]
     for arg in args:
