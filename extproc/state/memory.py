@@ -181,25 +181,29 @@ class MemoryStore:
         return Facts(key, None if key is None else _unpack(self._sessions.get(key)), owners)
 
     def apply_now(self, writes: Sequence[Write], now: float) -> Applied:
+        """``writes`` in order; each session they write is unpacked once and packed once."""
         switches: list[tuple[str, str]] = []
+        written: dict[str, SessionRecord] = {}
         for write in writes:
             if isinstance(write, Claim):
                 owner = _plain(write.owner)
                 for key in write.keys:
                     self._owners[key] = owner
             elif isinstance(write, Forget):
+                written.pop(write.session_key, None)
                 self._sessions.pop(write.session_key)
             elif isinstance(write, Commit | Finish):
                 session = session_of(write)
                 if session is None:
                     continue
-                before = _unpack(self._sessions.get(session))
-                model = None if before is None else before.model
+                before = written.get(session) or _unpack(self._sessions.get(session))
                 record, moved = apply(before, write, now)
                 record.version += 1
-                self._sessions[session] = _pack(record)
-                if moved and model is not None:
-                    switches.append((model, record.model))
+                written[session] = record
+                if moved and before is not None:
+                    switches.append((before.model, record.model))
+        for session, record in written.items():
+            self._sessions[session] = _pack(record)
         return Applied(tuple(switches))
 
     def put(self, key: str, record: SessionRecord) -> None:
