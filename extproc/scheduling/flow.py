@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import sys
 from collections import Counter, OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -258,13 +259,38 @@ class FlowController:
         """Where a request flow control let in is placed (the pick's subset; None: no limit):
         its home, when it took room there; else the workers with room for it — so the room it
         was admitted against is the room it takes, not a full worker's that its prefix or
-        session affinity prefers. Never for a request a hard lock pins (its issuer serves it,
-        whatever its load), nor when no worker has room."""
+        session affinity prefers; and, unless it is its own home, not a worker a
+        better-ranked queued request waits for as its home. Never for a request a hard lock
+        pins (its issuer serves it, whatever its load), nor when no worker has room."""
         if not self.config.enabled or pinned is not None:
             return None
         state = self._pools.get(arrival.pool)
-        taken = Counter(state.dispatched) if state is not None else Counter[str | None]()
-        return self._where(arrival, workers, taken, set(), arrival.waited) or None
+        if state is None:
+            return self._where(arrival, workers, Counter(), set(), arrival.waited) or None
+        where = self._where(arrival, workers, Counter(state.dispatched), set(), arrival.waited)
+        awaited = self._awaited(state, arrival, where) if where != {arrival.home} else set()
+        if not awaited:
+            return where or None
+        # Room that showed up since the last dispatch (one worker's scrape landed before the
+        # others') is not this request's where a better-ranked request waits for its home:
+        # the next dispatch wakes that one for it. Room this request was dispatched for and
+        # lost meanwhile (a scrape older than its finish) is not taken from it either.
+        free = where - awaited or frozenset(
+            w.address for w in workers if w.healthy and w.decodes) - awaited
+        return free or where or None
+
+    def _awaited(self, state: _Pool, arrival: Arrival,
+                 where: frozenset[str]) -> set[str]:
+        """The workers of ``where`` that queued requests ranked above ``arrival`` wait for as
+        their home (not yet dispatched, not spilling)."""
+        now = self._clock()
+        waiting = [q for q in state.queue.values() if not q.dispatched and q.arrival.home
+                   in where and not self._spills(q.arrival, now - q.since + q.arrival.waited)]
+        if not waiting:
+            return set()
+        rank = self._rank(_Queued("", arrival, now, sys.maxsize), now)[:-1]
+        return {q.arrival.home for q in waiting  # type: ignore[misc]
+                if self._rank(q, now)[:-1] < rank}
 
     def _where(self, arrival: Arrival, workers: Sequence[Worker], taken: Counter[str | None],
                blocked: set[str], waited: float) -> frozenset[str]:

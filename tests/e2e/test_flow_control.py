@@ -173,5 +173,8 @@ def test_an_open_tool_loops_continuation_is_served_before_a_new_sessions_first_t
     passed = [r["replay_id"] for r in others if r["worker"]["picked"] == home
               and any(h["kind"] == "queue" for h in r["holds"] or ())
               and queued_at < r["time"] < cont["time"]]
-    assert passed == []
+    def brief(r: dict[str, Any]) -> tuple[Any, ...]:
+        return (r["replay_id"], r.get("session"), r["worker"]["picked"], round(r["time"], 3),
+                [(h["kind"], h["ms"]) for h in r["holds"] or ()])
+    assert passed == [], (round(queued_at, 3), [brief(r) for r in [cont, *others]])
     assert violations(stack) == 0

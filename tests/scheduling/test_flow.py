@@ -428,8 +428,28 @@ def test_a_request_dispatched_anywhere_takes_a_home_that_is_the_only_room() -> N
     pool[0].waiting = 0
     assert flow.dispatch("m", pool) == [anywhere]  # not placed yet: w0 is the only room
     assert flow.dispatch("m", pool) == []
+    assert flow.claim(anywhere, late=False) == "go"
+    assert flow.placeable(arrival("a"), pool, None) == {"w0:8000"}  # it ranks first
     pool[1].waiting = 0  # room elsewhere for it: the home's room is the homed one's
     assert flow.dispatch("m", pool) == [homed]
+
+
+def test_room_that_shows_up_before_the_dispatch_is_left_to_the_request_waiting_there() -> None:
+    """A request dispatched to any worker is placed after its home's room showed up for a
+    waiting continuation (one scrape landed, the dispatch that follows them all not yet):
+    it takes the room it was dispatched for, not the continuation's."""
+    flow, _ = controller(queue_depth_threshold=1)
+    pool = [sized("w0:8000", waiting=1), sized("w1:8000", waiting=1)]
+    anywhere, _continuation = queue_all(
+        flow, pool, arrival("a", phase="first"),
+        arrival("b", phase="continuation", home="w0:8000", pinned=True))
+    pool[1].waiting = 0
+    assert flow.dispatch("m", pool) == [anywhere]
+    assert flow.claim(anywhere, late=False) == "go"
+    pool[0].waiting = 0  # w0's scrape lands before the next dispatch
+    assert flow.placeable(arrival("a", phase="first"), pool, None) == {"w1:8000"}
+    pool[1].waiting = 1  # a scrape older than the finish that freed its room
+    assert flow.placeable(arrival("a", phase="first"), pool, None) == {"w1:8000"}
 
 
 def test_a_request_waiting_for_its_home_is_not_passed_there() -> None:
