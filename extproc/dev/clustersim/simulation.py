@@ -1,8 +1,10 @@
 """The event loop: sessions arrive, the policy routes each turn, workers step, admission ticks.
 
 Virtual time, one heap of events. A turn is ready when the session's tools finish; with
-admission, a turn of a paused session waits in the held queue until a tick resumes it (a turn
-already sent is never pre-empted). Routing sees each worker's live load, as a 50 ms scrape would.
+admission, a turn of a paused session waits in the held queue until a tick resumes it or its
+hold runs out (``admission.hold_timeout_seconds``: then it goes ahead, as the exchange lets a
+held request go; with ``on_paused: reject`` it is refused at once), and a turn already sent is
+never pre-empted. Routing sees each worker's live load, as a 50 ms scrape would.
 A policy with a hint emitter has its KV hints delivered to the workers as they are made: a
 tick's before the turns it resumes are sent, so a prefetch is under way when they arrive.
 
@@ -26,6 +28,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from ...config import Admission as AdmissionConfig
 from ...config import FlowControl
 from ...scheduling.admission import AdmissionTick
 from ...scheduling.flow import Arrival, FlowController
@@ -39,11 +42,13 @@ from .metrics import RunMetrics, percentile
 from .policies import Pick
 from .workload import AgenticWorkload, Script
 
-_ARRIVE, _STEP, _TICK, _WARM, _EXPIRE = 0, 1, 2, 3, 4
+_ARRIVE, _STEP, _TICK, _WARM, _EXPIRE, _UNHOLD = 0, 1, 2, 3, 4, 5
 
 
 class Admission(Protocol):
     """What the loop needs of ``extproc.scheduling.admission.Admission``."""
+
+    config: AdmissionConfig
 
     def turn_started(self, session_key: str, worker: str, prompt_tokens: int) -> None: ...
     def turn_finished(self, session_key: str, worker: str, prompt_tokens: int,
@@ -212,6 +217,8 @@ class Simulation:
                 self._loads_before = sum(w.adapter_loads for w in self.workers)
             elif kind == _EXPIRE:
                 self._expire(obj)  # type: ignore[arg-type]
+            elif kind == _UNHOLD:
+                self._unhold(obj)  # type: ignore[arg-type]
             elif self._events or self._live:
                 self._tick()
         if horizon_s is not None:
@@ -240,8 +247,12 @@ class Simulation:
         run.ready_s = self.now
         admission = self.policy.admission
         if admission is not None and admission.is_paused(run.script.key):
+            if admission.config.on_paused == "reject":
+                self._shed(run, "paused")
+                return
             self.metrics.held_turns += self.now >= self._warmup
             self._held.append(run)
+            self._push(self.now + admission.config.hold_timeout_seconds, _UNHOLD, run)
         elif self.policy.flow is not None:
             self._enter(run, self.policy.flow)
         else:
@@ -516,6 +527,16 @@ class Simulation:
             else:
                 self._dispatch(run)
         self._push(self.now + self.policy.tick_s, _TICK, None)
+
+    def _unhold(self, run: _Run) -> None:
+        """A held turn's hold ran out: it goes ahead paused (gone already if a tick resumed
+        it; a run held again later is a later turn, with its own hold)."""
+        admission = self.policy.admission
+        assert admission is not None
+        if (any(held is run for held in self._held)
+                and run.ready_s + admission.config.hold_timeout_seconds <= self.now):
+            self._held = [held for held in self._held if held is not run]
+            self._dispatch(run)
 
     def _censor(self) -> None:
         """Turns still waiting for a first token at the end count with their wait so far."""

@@ -61,14 +61,44 @@ def test_admission_holds_only_at_tool_boundaries() -> None:
     assert len(dispatched) == metrics.turns + len(sim._in_flight)
 
 
+def test_a_held_turn_goes_ahead_when_its_hold_runs_out() -> None:
+    """As the exchange lets a held request go after ``hold_timeout_seconds``: no turn waits
+    longer, and some did wait that long (the pool is oversubscribed)."""
+    experiment = replace(SMALL, cluster=replace(SMALL.cluster,
+                                                worker=WorkerSpec(capacity_tokens=96_000)))
+    for timeout in (5.0, 30.0):
+        admission = replace(experiment.scheduling.admission, hold_timeout_seconds=timeout)
+        sim = replace(experiment, scheduling=replace(experiment.scheduling, admission=admission)
+                      ).simulation("kv_aware_admission")
+        metrics = sim.run_closed(experiment.workload, 8, experiment.horizon_s)
+        waits = [share.longest_wait_s for share in metrics.tenants.values()]
+        assert metrics.held_turns > 0
+        assert max(waits) == pytest.approx(timeout), timeout
+
+
+def test_a_paused_turn_is_refused_when_admission_rejects() -> None:
+    experiment = replace(SMALL, cluster=replace(SMALL.cluster,
+                                                worker=WorkerSpec(capacity_tokens=96_000)))
+    admission = replace(experiment.scheduling.admission, on_paused="reject")
+    sim = replace(experiment, scheduling=replace(experiment.scheduling, admission=admission)
+                  ).simulation("kv_aware_admission")
+    metrics = sim.run_closed(experiment.workload, 8, experiment.horizon_s)
+    assert metrics.held_turns == 0
+    assert sum(share.shed["paused"] for share in metrics.tenants.values()) > 0
+
+
 def test_admission_with_hints_keeps_an_oversubscribed_pool_cached() -> None:
-    """Oversubscribed (48 sessions on 4 x 128k): admission sends each resumed turn back to its
-    worker, so the hit rate stays far above KV-aware routing alone, with hints or without; the
-    engines apply most hints (demote, prefetch, release), and none go to the plain policy."""
+    """Oversubscribed (48 sessions on 4 x 128k), with clients that wait as long as admission
+    holds them (``hold_timeout_seconds`` of an hour): admission sends each resumed turn back to
+    its worker, so the hit rate stays far above KV-aware routing alone, with hints or without;
+    the engines apply most hints (demote, prefetch, release), and none go to the plain
+    policy."""
     cluster = ClusterSpec(workers=4, worker=WorkerSpec(capacity_tokens=128_000,
                                                        cpu_tokens=256_000))
+    admission = replace(SMALL.scheduling.admission, hold_timeout_seconds=3600.0)
     experiment = replace(SMALL, cluster=cluster, concurrencies=(48,), warmup_s=60.0,
-                         policies=("kv_aware", "kv_aware_admission", "kv_aware_admission_hints"))
+                         policies=("kv_aware", "kv_aware_admission", "kv_aware_admission_hints"),
+                         scheduling=replace(SMALL.scheduling, admission=admission))
     results = run_matrix(experiment)
     kv, plain = results["kv_aware"]["48"], results["kv_aware_admission"]["48"]
     hinted = results["kv_aware_admission_hints"]["48"]
