@@ -7,7 +7,8 @@ each its own tenant and session, a 2 KB chat turn —, then by the same clients 
 clients loop a body just under ``limits.max_body_bytes`` (8 MiB by default) with ``model:
 auto``. Heavy clients ignore ``Retry-After`` and reconnect whenever Envoy closes: a hostile
 caller's loop. The figures are the ordinary clients' req/s, p50 and p99 in both phases, and
-what the heavy clients got.
+what the heavy clients got, and the cores each part used in each phase (the processor, Envoy
+and the bench's own clients, which share one event loop).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import statistics
 import tempfile
 import time
 from collections import Counter
@@ -29,9 +31,10 @@ import orjson
 import yaml
 
 from .. import EXAMPLE_CONFIG
-from ..harness import run_stack
+from ..harness import Stack, run_stack
 from .bodies import body
 from .load import _percentile
+from .overhead import cpu_seconds
 from .upstream import canned_upstream
 from .variants import TRANSFORMS, pointed_at
 from .wire import post_request, read_response
@@ -48,6 +51,9 @@ class Settings:
     """How many API keys the heavy clients share out (1: one tenant looping from 4 clients)."""
     warmup_s: float = 2.0
     duration_s: float = 15.0
+    rounds: int = 1
+    """Alone, then beside the heavy clients, this many times on one stack: each round's ratio
+    is taken side by side (this machine's speed moves between minutes)."""
 
 
 @dataclass
@@ -57,6 +63,10 @@ class Phase:
     statuses: Counter[int] = field(default_factory=Counter)
     heavy: Counter[int] = field(default_factory=Counter)
     seconds: float = 0.0
+    """From the first request counted to the ordinary clients' last answer (not the heavy
+    clients' last one: a large body sent just before the end may take seconds more)."""
+    cores: dict[str, float] = field(default_factory=dict)
+    """Part (processor, envoy, clients) → CPU seconds it used per second of the phase."""
 
     def as_json(self) -> dict[str, Any]:
         ok = self.statuses.get(200, 0)
@@ -67,6 +77,7 @@ class Phase:
             "ordinary_p99_ms": round(_percentile(self.latencies, 99) * 1e3, 2),
             "ordinary_statuses": {str(k): v for k, v in sorted(self.statuses.items())},
             "heavy_statuses": {str(k): v for k, v in sorted(self.heavy.items())},
+            "cores": {part: round(used, 2) for part, used in self.cores.items()},
         }
 
 
@@ -131,6 +142,7 @@ async def _phase(url: str, settings: Settings, name: str, heavy: bool) -> Phase:
 
         def ordinary(status: int, seconds: float) -> None:
             phase.statuses[status] += 1
+            phase.seconds = max(phase.seconds, time.perf_counter() - start)
             if status == 200:
                 phase.latencies.append(seconds)
 
@@ -143,7 +155,7 @@ async def _phase(url: str, settings: Settings, name: str, heavy: bool) -> Phase:
             tasks.append(_client(url, request, start, stop,
                                  lambda status, _s: phase.heavy.update([status])))
     await asyncio.gather(*tasks)
-    phase.seconds = max(time.perf_counter(), stop) - start
+    phase.seconds = max(phase.seconds, stop - start)
     return phase
 
 
@@ -153,25 +165,48 @@ def run(config: dict[str, Any], settings: Settings) -> list[Phase]:
             run_stack(config, workers_per_model=2, sim_args=["--time-scale", "0"],
                       workdir=Path(tmp) / "stack",
                       envoy_transform=pointed_at(upstream, TRANSFORMS["saar"])) as stack:
-        alone = asyncio.run(_phase(stack.url, settings, "alone", heavy=False))
-        beside = asyncio.run(_phase(stack.url, settings, "beside-heavy", heavy=True))
-    return [alone, beside]
+        return [_measured(stack, settings, name, heavy=heavy)
+                for _ in range(settings.rounds)
+                for name, heavy in (("alone", False), ("beside-heavy", True))]
+
+
+def _measured(stack: Stack, settings: Settings, name: str, heavy: bool) -> Phase:
+    """``_phase``, with the cores each part used over it."""
+    before, clients, began = cpu_seconds(stack), time.process_time(), time.perf_counter()
+    phase = asyncio.run(_phase(stack.url, settings, name, heavy))
+    wall = time.perf_counter() - began
+    after = cpu_seconds(stack)
+    phase.cores = {part: (after[part] - before[part]) / wall for part in after}
+    phase.cores["clients"] = (time.process_time() - clients) / wall
+    return phase
 
 
 def table(phases: Sequence[Phase], settings: Settings) -> str:
     rows = [("phase", "ordinary req/s", "p50 ms", "p99 ms", "ordinary statuses",
-             "heavy statuses")]
+             "heavy statuses", "cores: processor / envoy / clients")]
     for phase in phases:
         doc = phase.as_json()
+        cores = " / ".join(f"{phase.cores.get(part, 0.0):.2f}"
+                           for part in ("processor", "envoy", "clients"))
         rows.append((phase.name, f"{doc['ordinary_rps']:.0f}", f"{doc['ordinary_p50_ms']:.1f}",
                      f"{doc['ordinary_p99_ms']:.1f}", json.dumps(doc["ordinary_statuses"]),
-                     json.dumps(doc["heavy_statuses"])))
+                     json.dumps(doc["heavy_statuses"]), cores))
+    kept = kept_ratios(phases)
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     head = (f"{settings.ordinary} ordinary clients (2 KB chat, a tenant each) alone, then beside "
             f"{settings.heavy} clients looping {settings.heavy_bytes / 2**20:.2f} MiB bodies "
             f"({settings.heavy_tenants} tenant(s)); {settings.duration_s:.0f} s per phase")
-    return "\n".join([head, *("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True))
-                              for r in rows)])
+    lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in rows]
+    foot = (f"kept beside the heavy clients: {', '.join(f'{k:.0%}' for k in kept)}"
+            f" (median {statistics.median(kept):.0%})")
+    return "\n".join([head, *lines, foot])
+
+
+def kept_ratios(phases: Sequence[Phase]) -> list[float]:
+    """Each round's ordinary req/s beside the heavy clients over its req/s alone."""
+    docs = [p.as_json() for p in phases]
+    return [beside["ordinary_rps"] / alone["ordinary_rps"] if alone["ordinary_rps"] else 0.0
+            for alone, beside in zip(docs[::2], docs[1::2], strict=True)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -183,15 +218,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--heavy-tenants", type=int, default=Settings.heavy_tenants)
     parser.add_argument("--duration", type=float, default=Settings.duration_s)
     parser.add_argument("--warmup", type=float, default=Settings.warmup_s)
+    parser.add_argument("--rounds", type=int, default=Settings.rounds,
+                        help="alone then beside the heavy clients, this many times")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     settings = Settings(args.ordinary, args.heavy, args.heavy_bytes, args.heavy_tenants,
-                        args.warmup, args.duration)
+                        args.warmup, args.duration, max(1, args.rounds))
     config = yaml.safe_load(Path(args.config).read_text())
     phases = run(config, settings)
     print(table(phases, settings), flush=True)
     if args.json:
-        print(json.dumps([p.as_json() for p in phases]), flush=True)
+        print(json.dumps({"phases": [p.as_json() for p in phases],
+                          "kept": [round(k, 3) for k in kept_ratios(phases)]}), flush=True)
     return 0
 
 

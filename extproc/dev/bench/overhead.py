@@ -114,9 +114,9 @@ def run_overhead(config: dict[str, Any], settings: Settings) -> Report:
                                     headers, concurrency, 0.0, settings.duration_s)
                         if settings.warmup_s > 0:
                             run_load(replace(load, duration_s=settings.warmup_s), client)
-                        before = _cpu_seconds(stack)
+                        before = cpu_seconds(stack)
                         result = run_load(load, client)
-                        after = _cpu_seconds(stack)
+                        after = cpu_seconds(stack)
                         cpu = {part: 1000 * (after[part] - before[part]) / max(1, result.requests)
                                for part in after}
                         cells.append(Cell(variant, name, concurrency, result, cpu))
@@ -126,7 +126,7 @@ def run_overhead(config: dict[str, Any], settings: Settings) -> Report:
 PARTS = ("processor", "store", "envoy")
 
 
-def _cpu_seconds(stack: Stack) -> dict[str, float]:
+def cpu_seconds(stack: Stack) -> dict[str, float]:
     """CPU seconds each part of ``stack`` has used so far (its processes' user + system
     time, from ``/proc``); parts it does not run are left out."""
     store = stack.store
