@@ -79,7 +79,7 @@ FOREIGN_FLAGS = {
     "the Semantic Router's scripts": {"--baseline-base-url",
                                       "--baseline-include-previous-response-id",
                                       "--include-previous-response-id", "--matrix"},
-    "python -m extproc.dev.bench.heavy": {"--heavy-tenants"},
+    "python -m extproc.dev.bench.heavy": {"--heavy-tenants", "--rounds"},
 }
 """Flags the pages show for other programs (a flag in a code span with no ``saar`` command)."""
 
