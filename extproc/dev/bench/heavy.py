@@ -128,8 +128,9 @@ async def _client(url: str, request: bytes, start: float, stop: float,
                 await writer.wait_closed()
 
 
-async def _phase(url: str, settings: Settings, name: str, heavy: bool) -> Phase:
+async def _phase(stack: Stack, settings: Settings, name: str, heavy: bool) -> Phase:
     phase = Phase(name)
+    url = stack.url
     start = time.perf_counter() + settings.warmup_s
     stop = start + settings.duration_s
     small = body("2kb", "auto")
@@ -154,9 +155,21 @@ async def _phase(url: str, settings: Settings, name: str, heavy: bool) -> Phase:
                                {"authorization": f"Bearer heavy-{i % settings.heavy_tenants}"})
             tasks.append(_client(url, request, start, stop,
                                  lambda status, _s: phase.heavy.update([status])))
+    tasks.append(_cores(stack, phase, start, stop))
     await asyncio.gather(*tasks)
     phase.seconds = max(phase.seconds, stop - start)
     return phase
+
+
+async def _cores(stack: Stack, phase: Phase, start: float, stop: float) -> None:
+    """The cores each part uses from ``start`` to ``stop``: the window the ordinary clients
+    are counted in (the heavy clients' last bodies run on after it)."""
+    await asyncio.sleep(start - time.perf_counter())
+    before, clients = cpu_seconds(stack), time.process_time()
+    await asyncio.sleep(stop - time.perf_counter())
+    after, wall = cpu_seconds(stack), stop - start
+    phase.cores = {part: (after[part] - before[part]) / wall for part in after}
+    phase.cores["clients"] = (time.process_time() - clients) / wall
 
 
 def run(config: dict[str, Any], settings: Settings) -> list[Phase]:
@@ -165,20 +178,9 @@ def run(config: dict[str, Any], settings: Settings) -> list[Phase]:
             run_stack(config, workers_per_model=2, sim_args=["--time-scale", "0"],
                       workdir=Path(tmp) / "stack",
                       envoy_transform=pointed_at(upstream, TRANSFORMS["saar"])) as stack:
-        return [_measured(stack, settings, name, heavy=heavy)
+        return [asyncio.run(_phase(stack, settings, name, heavy=heavy))
                 for _ in range(settings.rounds)
                 for name, heavy in (("alone", False), ("beside-heavy", True))]
-
-
-def _measured(stack: Stack, settings: Settings, name: str, heavy: bool) -> Phase:
-    """``_phase``, with the cores each part used over it."""
-    before, clients, began = cpu_seconds(stack), time.process_time(), time.perf_counter()
-    phase = asyncio.run(_phase(stack.url, settings, name, heavy))
-    wall = time.perf_counter() - began
-    after = cpu_seconds(stack)
-    phase.cores = {part: (after[part] - before[part]) / wall for part in after}
-    phase.cores["clients"] = (time.process_time() - clients) / wall
-    return phase
 
 
 def table(phases: Sequence[Phase], settings: Settings) -> str:
