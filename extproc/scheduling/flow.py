@@ -271,10 +271,10 @@ class FlowController:
         awaited = self._awaited(state, arrival, where) if where != {arrival.home} else set()
         if not awaited:
             return where or None
-        # Room that showed up since the last dispatch (one worker's scrape landed before the
-        # others') is not this request's where a better-ranked request waits for its home:
-        # the next dispatch wakes that one for it. Room this request was dispatched for and
-        # lost meanwhile (a scrape older than its finish) is not taken from it either.
+        # A home a better-ranked queued request waits for is not this request's room, though
+        # it can show up before the dispatch that wakes that request (one worker's scrape
+        # lands before the others'). When the room this request was dispatched for looks
+        # gone meanwhile (a scrape older than the finish that freed it), it still goes there.
         free = where - awaited or frozenset(
             w.address for w in workers if w.healthy and w.decodes) - awaited
         return free or where or None
@@ -289,8 +289,8 @@ class FlowController:
         if not waiting:
             return set()
         rank = self._rank(_Queued("", arrival, now, sys.maxsize), now)[:-1]
-        return {q.arrival.home for q in waiting  # type: ignore[misc]
-                if self._rank(q, now)[:-1] < rank}
+        return {home for q in waiting
+                if (home := q.arrival.home) is not None and self._rank(q, now)[:-1] < rank}
 
     def _where(self, arrival: Arrival, workers: Sequence[Worker], taken: Counter[str | None],
                blocked: set[str], waited: float) -> frozenset[str]:

@@ -89,6 +89,12 @@ class Saturated:
             thread.join(timeout=30)
 
 
+def brief(record: dict[str, Any]) -> tuple[Any, ...]:
+    """What a failed ordering assertion shows of a decision record."""
+    return (record["replay_id"], record.get("session"), record["worker"]["picked"],
+            round(record["time"], 3), [(h["kind"], h["ms"]) for h in record["holds"] or ()])
+
+
 def test_a_saturated_pool_queues_and_every_queued_request_is_served(stack):
     before = metric(stack, 'saar_flow_wait_seconds_count{class="interactive"')
     with Saturated(stack) as busy:
@@ -173,8 +179,5 @@ def test_an_open_tool_loops_continuation_is_served_before_a_new_sessions_first_t
     passed = [r["replay_id"] for r in others if r["worker"]["picked"] == home
               and any(h["kind"] == "queue" for h in r["holds"] or ())
               and queued_at < r["time"] < cont["time"]]
-    def brief(r: dict[str, Any]) -> tuple[Any, ...]:
-        return (r["replay_id"], r.get("session"), r["worker"]["picked"], round(r["time"], 3),
-                [(h["kind"], h["ms"]) for h in r["holds"] or ()])
     assert passed == [], (round(queued_at, 3), [brief(r) for r in [cont, *others]])
     assert violations(stack) == 0

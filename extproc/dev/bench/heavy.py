@@ -7,8 +7,9 @@ each its own tenant and session, a 2 KB chat turn —, then by the same clients 
 clients loop a body just under ``limits.max_body_bytes`` (8 MiB by default) with ``model:
 auto``. Heavy clients ignore ``Retry-After`` and reconnect whenever Envoy closes: a hostile
 caller's loop. The figures are the ordinary clients' req/s, p50 and p99 in both phases, and
-what the heavy clients got, and the cores each part used in each phase (the processor, Envoy
-and the bench's own clients, which share one event loop).
+what the heavy clients got, and the cores each part used while the ordinary clients were
+counted (the processor, Envoy, and the bench's clients: one event loop for all of them).
+``--rounds`` repeats both phases on one stack, each round's kept ratio taken side by side.
 """
 
 from __future__ import annotations
