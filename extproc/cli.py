@@ -18,6 +18,13 @@ class Failed(Exception):
     """A known failure, told in one line (``saar: ...``); exit status 2."""
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -271,7 +278,8 @@ def _bench_overhead(args: argparse.Namespace) -> int:
     from .dev.bench.overhead import Settings, main
 
     settings = Settings(variants=tuple(args.variants.split(",")), warmup_s=args.warmup,
-                        duration_s=args.duration, client=args.client, upstream=args.upstream)
+                        duration_s=args.duration, rounds=args.rounds, client=args.client,
+                        upstream=args.upstream)
     if args.bodies:
         settings = replace(settings, bodies=tuple(args.bodies.split(",")))
     if args.concurrency:
@@ -487,6 +495,9 @@ def build_parser() -> argparse.ArgumentParser:
     overhead.add_argument("--concurrency", default=None, help="comma-separated, e.g. 1,16")
     overhead.add_argument("--warmup", type=float, default=1.0, help="seconds per cell")
     overhead.add_argument("--duration", type=float, default=4.0, help="seconds per cell")
+    overhead.add_argument("--rounds", type=_positive, default=1,
+                          help="measure every cell this many times, the variants taking turns; "
+                          "the verdicts are on the medians")
     overhead.add_argument("--client", choices=("auto", "wrk", "python"), default="auto",
                           help="load generator; auto = wrk if installed")
     overhead.add_argument("--upstream", choices=("canned", "sim"), default="canned",

@@ -8,8 +8,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import statistics
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,10 @@ class Settings:
     concurrencies: Sequence[int] = (1, 16)
     warmup_s: float = 1.0
     duration_s: float = 4.0
+    rounds: int = 1
+    """Every variant's cells measured this many times, the variants taking turns (all their
+    stacks up at once): a neighbour's burst lands on one round of every variant rather than on
+    all of one variant's cells."""
     client: str = "auto"
     # "canned" by default: sim-server --time-scale 0 caps Envoy alone near 1,100 req/s (2 KB) and
     # 60 req/s (64 KB, it tokenizes the prompt) on 2 cores, so it would measure itself.
@@ -67,11 +72,17 @@ class Cell:
     """CPU milliseconds (user + system, every thread) per request, by part of the stack
     (``processor``, ``store``, ``envoy``): what each costs the machine, a figure this noisy
     machine's neighbours move far less than req/s."""
+    round: int = 0
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return self.variant, self.body, self.concurrency
 
     def as_json(self) -> dict[str, Any]:
         r = self.result
         return {
             "variant": self.variant, "body": self.body, "concurrency": self.concurrency,
+            "round": self.round,
             "p50_ms": round(r.p50_ms, 3), "p99_ms": round(r.p99_ms, 3), "rps": round(r.rps, 1),
             "requests": r.requests, "non_200": r.non_200,
             "cpu_ms": {part: round(ms, 3) for part, ms in self.cpu_ms.items()},
@@ -89,8 +100,11 @@ class Report:
                 "results": [c.as_json() for c in self.cells]}
 
     def baseline(self, cell: Cell) -> Cell | None:
-        return next((c for c in self.cells if c.variant == "envoy" and c.body == cell.body
-                     and c.concurrency == cell.concurrency), None)
+        return self.find("envoy", cell.body, cell.concurrency, cell.round)
+
+    def find(self, variant: str, body: str, concurrency: int, round_: int) -> Cell | None:
+        return next((c for c in self.cells if c.key == (variant, body, concurrency)
+                     and c.round == round_), None)
 
 
 @contextlib.contextmanager
@@ -103,22 +117,24 @@ def _upstream(kind: str, workdir: Path) -> Iterator[str | None]:
 
 
 def run_overhead(config: dict[str, Any], settings: Settings) -> Report:
-    """Start each variant's stack in turn and load it with every (body, concurrency)."""
+    """Start every variant's stack, then load each with every (body, concurrency), the
+    variants taking turns for ``settings.rounds`` rounds."""
     transforms = {variant: transform(variant) for variant in settings.variants}
     client = pick_client(settings.client)
     cells = []
     with tempfile.TemporaryDirectory(prefix="saar-bench-") as tmp, \
-            _upstream(settings.upstream, Path(tmp)) as upstream:
-        for variant in settings.variants:
-            model = "auto" if variant.startswith("saar") else PHYSICAL_MODEL
-            with run_stack(
-                config,
-                sim_args=["--time-scale", "0"],
-                processor=command(variant),
-                workdir=Path(tmp) / variant,
-                envoy_transform=pointed_at(upstream, transforms[variant]),
-                store=STORES.get(variant),
-            ) as stack:
+            _upstream(settings.upstream, Path(tmp)) as upstream, contextlib.ExitStack() as up:
+        stacks = {variant: up.enter_context(run_stack(
+            config,
+            sim_args=["--time-scale", "0"],
+            processor=command(variant),
+            workdir=Path(tmp) / variant,
+            envoy_transform=pointed_at(upstream, transforms[variant]),
+            store=STORES.get(variant),
+        )) for variant in settings.variants}
+        for round_ in range(settings.rounds):
+            for variant, stack in stacks.items():
+                model = "auto" if variant.startswith("saar") else PHYSICAL_MODEL
                 for name in settings.bodies:
                     for concurrency in settings.concurrencies:
                         headers = {**HEADERS, **({STREAM_HEADER: "1"} if name in STREAMED
@@ -132,7 +148,7 @@ def run_overhead(config: dict[str, Any], settings: Settings) -> Report:
                         after = cpu_seconds(stack)
                         cpu = {part: 1000 * (after[part] - before[part]) / max(1, result.requests)
                                for part in after}
-                        cells.append(Cell(variant, name, concurrency, result, cpu))
+                        cells.append(Cell(variant, name, concurrency, result, cpu, round_))
     return Report(client, settings.upstream, cells)
 
 
@@ -167,13 +183,14 @@ def _added(value: float, base: float | None) -> str:
 
 
 def format_table(report: Report) -> str:
-    head = ("variant", "body", "conc", "p50 ms", "p99 ms", "req/s", "+p50", "+p99", "non-200",
-            *(f"{part} cpu" for part in PARTS))
+    head = ("round", "variant", "body", "conc", "p50 ms", "p99 ms", "req/s", "+p50", "+p99",
+            "non-200", *(f"{part} cpu" for part in PARTS))
     rows = [head]
     for cell in report.cells:
         r, base = cell.result, report.baseline(cell)
         rows.append((
-            cell.variant, cell.body, str(cell.concurrency), f"{r.p50_ms:.2f}", f"{r.p99_ms:.2f}",
+            str(cell.round + 1), cell.variant, cell.body, str(cell.concurrency),
+            f"{r.p50_ms:.2f}", f"{r.p99_ms:.2f}",
             f"{r.rps:.0f}", _added(r.p50_ms, base.result.p50_ms if base else None),
             _added(r.p99_ms, base.result.p99_ms if base else None), str(r.non_200),
             *(f"{cell.cpu_ms[part]:.3f}" if part in cell.cpu_ms else "" for part in PARTS),
@@ -187,30 +204,45 @@ def format_table(report: Report) -> str:
 
 
 def verdicts(report: Report) -> list[str]:
-    """Each of ``BARS`` whose two variants were run, cell by cell: measured, the line, and
-    whether it is met (a cell with failed requests never is)."""
-    cells = {(c.variant, c.body, c.concurrency): c for c in report.cells}
+    """Each of ``BARS`` whose two variants were run, cell by cell: measured against the floor
+    of the same round, the median over the rounds, the line, and whether it is met (never
+    with failed requests)."""
+    keys = list(dict.fromkeys(c.key for c in report.cells))
     out = []
     for bar in BARS:
-        for (variant, name, concurrency), cell in cells.items():
-            floor = cells.get((bar.floor, name, concurrency))
-            if variant != bar.variant or name not in bar.bodies or floor is None:
+        for variant, name, concurrency in keys:
+            if variant != bar.variant or name not in bar.bodies:
                 continue
-            r, f = cell.result, floor.result
-            errors = f" with {r.non_200} non-200" if r.non_200 else ""
+            pairs = [(c, f) for c in report.cells if c.key == (variant, name, concurrency)
+                     and (f := report.find(bar.floor, name, concurrency, c.round)) is not None]
+            if not pairs:
+                continue
+            failed = sum(c.result.non_200 for c, _ in pairs)
+            errors = f" with {failed} non-200" if failed else ""
             label = f"{variant} {name} c={concurrency}"
             if concurrency == 1:
-                added = r.p50_ms - f.p50_ms
-                met = added <= bar.p50_ms
-                line = (f"{label}: p50 {added:+.2f} ms over {bar.floor}{errors} "
-                        f"(line: <= {bar.p50_ms} ms)")
+                added = [c.result.p50_ms - f.result.p50_ms for c, f in pairs]
+                figure = statistics.median(added)
+                met = figure <= bar.p50_ms
+                line = (f"{label}: p50 {figure:+.2f} ms over {bar.floor}{errors}"
+                        f"{_rounds(f'{a:+.2f}' for a in added)} (line: <= {bar.p50_ms} ms)")
             else:
-                share = r.rps / f.rps if f.rps else 0.0
-                met = share >= bar.rps_share
-                line = (f"{label}: {r.rps:.0f} req/s, {share:.0%} of {bar.floor}'s {f.rps:.0f}"
-                        f"{errors} (line: >= {bar.rps_share:.0%})")
-            out.append(f"{line}: {'met' if met and not errors else 'MISSED'}")
+                shares = [c.result.rps / f.result.rps if f.result.rps else 0.0 for c, f in pairs]
+                figure = statistics.median(shares)
+                met = figure >= bar.rps_share
+                rps = statistics.median(c.result.rps for c, _ in pairs)
+                floor = statistics.median(f.result.rps for _, f in pairs)
+                line = (f"{label}: {rps:.0f} req/s, {figure:.0%} of {bar.floor}'s {floor:.0f}"
+                        f"{errors}{_rounds(f'{x:.0%}' for x in shares)} "
+                        f"(line: >= {bar.rps_share:.0%})")
+            out.append(f"{line}: {'met' if met and not failed else 'MISSED'}")
     return out
+
+
+def _rounds(figures: Iterable[str]) -> str:
+    """Each round's figure, when there was more than one (the verdict is on their median)."""
+    shown = list(figures)
+    return f", median of {' / '.join(shown)}" if len(shown) > 1 else ""
 
 
 def ok(report: Report) -> bool:

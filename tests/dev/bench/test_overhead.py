@@ -21,7 +21,7 @@ from extproc.dev.bench.upstream import canned_upstream
 from extproc.dev.bench.variants import TRANSFORMS, pointed_at
 
 pytestmark = pytest.mark.e2e
-RESULT_KEYS = {"variant", "body", "concurrency", "p50_ms", "p99_ms", "rps", "requests", "non_200",
+RESULT_KEYS = {"variant", "body", "concurrency", "round", "p50_ms", "p99_ms", "rps", "requests", "non_200",
                "cpu_ms"}
 
 
@@ -51,14 +51,20 @@ def test_variants_differ_only_in_filters_and_upstream() -> None:
 
 def test_overhead_json_all_variants_200(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["bench", "overhead", "--json", "--client", "python", "--warmup", "0.05",
-            "--duration", "0.3", "--bodies", "2kb,256kb,2kb-stream", "--concurrency", "1,4"]
+            "--duration", "0.3", "--bodies", "2kb,256kb,2kb-stream", "--concurrency", "1,4",
+            "--rounds", "2"]
     assert main(argv) == 0
-    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    out = capsys.readouterr().out.strip().splitlines()
+    report = json.loads(out[-1])
     assert report["client"] == "python"
     results = report["results"]
-    cells = {(r["variant"], r["body"], r["concurrency"]) for r in results}
-    assert cells == {(v, b, c) for v in ("envoy", "passthrough", "saar")
-                     for b in ("2kb", "256kb", "2kb-stream") for c in (1, 4)}
+    cells = [(r["round"], r["variant"], r["body"], r["concurrency"]) for r in results]
+    assert sorted(cells) == sorted((n, v, b, c) for n in (0, 1)
+                                   for v in ("envoy", "passthrough", "saar")
+                                   for b in ("2kb", "256kb", "2kb-stream") for c in (1, 4))
+    assert [r for r, *_ in cells] == sorted(r for r, *_ in cells)  # every variant each round
+    judged = [line.split(":")[0] for line in out if "(line: " in line]
+    assert judged == ["saar 2kb c=1", "saar 2kb c=4"]  # the 256 KB body has no line
     for result in results:
         assert set(result) == RESULT_KEYS
         assert result["requests"] > 0 and result["non_200"] == 0, result

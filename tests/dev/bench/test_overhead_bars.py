@@ -10,10 +10,10 @@ from extproc.dev.bench.overhead import Cell, Report, verdicts
 
 
 def cell(variant: str, body: str, concurrency: int, p50_ms: float, requests: int,
-         non_200: int = 0) -> Cell:
+         non_200: int = 0, round_: int = 0) -> Cell:
     """A cell measured over 10 s: ``requests`` / 10 is its req/s."""
     return Cell(variant, body, concurrency, LoadResult(requests, non_200, 10.0, p50_ms, 2 * p50_ms),
-                {})
+                {}, round_)
 
 
 def lines(*cells: Cell) -> list[str]:
@@ -59,3 +59,27 @@ def test_failed_requests_never_meet_a_line_and_cells_without_a_floor_are_not_jud
                 cell("saar-route-only", "2kb", 1, 2.1, 3000))
     assert out == ["saar 2kb c=1: p50 +0.10 ms over passthrough with 5 non-200 "
                    "(line: <= 0.5 ms): MISSED"]
+
+
+def test_over_rounds_each_is_judged_against_the_floor_of_its_own_round_and_the_median_decides(
+) -> None:
+    # The pass-through's second round was slow: against it, saar's second round looks fine,
+    # while against the other rounds' floors it would not.
+    out = lines(cell("passthrough", "2kb", 1, 2.0, 4000, round_=0),
+                cell("saar", "2kb", 1, 3.0, 3000, round_=0),
+                cell("passthrough", "2kb", 1, 4.0, 4000, round_=1),
+                cell("saar", "2kb", 1, 4.3, 3000, round_=1),
+                cell("passthrough", "2kb", 1, 2.0, 4000, round_=2),
+                cell("saar", "2kb", 1, 2.4, 3000, round_=2),
+                cell("passthrough", "2kb", 16, 10.0, 10000, round_=0),
+                cell("saar", "2kb", 16, 20.0, 6000, round_=0),
+                cell("passthrough", "2kb", 16, 10.0, 8000, round_=1),
+                cell("saar", "2kb", 16, 20.0, 7200, round_=1),
+                cell("passthrough", "2kb", 16, 10.0, 10000, round_=2),
+                cell("saar", "2kb", 16, 20.0, 7500, round_=2))
+    assert out == [
+        "saar 2kb c=1: p50 +0.40 ms over passthrough, median of +1.00 / +0.30 / +0.40 "
+        "(line: <= 0.5 ms): met",
+        "saar 2kb c=16: 720 req/s, 75% of passthrough's 1000, median of 60% / 90% / 75% "
+        "(line: >= 70%): met",
+    ]
