@@ -49,6 +49,9 @@ CAPPED = {"sessions": ("memory", "max_sessions"), "owners": ("memory", "max_owne
 FILLING = ("prefix_index_blocks",)
 """Tables bounded by what the workers report (the prefix index: their KV's size), not by the
 config: full once a window shows the same count as the one before."""
+TAIL_S = 360.0
+TAIL_RSS_MIB = 2.0
+"""Issue 15's line: RSS within 2 MiB over a run's last six minutes, the caps reached before."""
 TENANTS = 20
 LOOPS = 48
 TIMEOUT = 30.0
@@ -306,6 +309,13 @@ def verdicts(windows: Sequence[Window], caps: dict[str, int]) -> dict[str, Any]:
     growth = rss[-1] - rss[0] if len(rss) > 1 else 0.0
     out["rss_after_caps_mib"] = [round(min(rss), 1), round(max(rss), 1)]
     out["rss_flat"] = capped is not None and growth <= max(8.0, 0.05 * rss[0])
+    start = windows[-1].end_s - TAIL_S
+    base = max((w for w in windows if w.end_s <= start), key=lambda w: w.end_s,
+               default=windows[0])
+    out["rss_tail"] = {"seconds": round(windows[-1].end_s - base.end_s, 1),
+                       "mib": round(windows[-1].state["rss_mib"] - base.state["rss_mib"], 1)}
+    out["rss_tail_met"] = (capped is not None and windows[capped].end_s <= base.end_s
+                           and out["rss_tail"]["mib"] <= TAIL_RSS_MIB)
     growing = []
     for table in windows[-1].state["tables"]:
         last = windows[-1].state["tables"][table]
@@ -421,6 +431,9 @@ def table(report: dict[str, Any]) -> str:
              f"caps reached at: {v['caps_reached_at_s']} s; RSS after: "
              f"{v['rss_after_caps_mib'][0]}-{v['rss_after_caps_mib'][1]} MiB: "
              + ("flat" if v["rss_flat"] else "NOT FLAT"),
+             f"RSS over the last {v['rss_tail']['seconds']:g} s: {v['rss_tail']['mib']:+.1f} MiB "
+             f"(issue 15: <= {TAIL_RSS_MIB:g} MiB over {TAIL_S:g} s, the caps reached before): "
+             + ("met" if v["rss_tail_met"] else "MISSED"),
              "tables: " + ("bounded" if v["tables_bounded"]
                            else "GROWING " + ", ".join(v["growing_tables"])),
              f"metric series: {v['series'][0]} -> {v['series'][1]}: "

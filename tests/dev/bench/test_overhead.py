@@ -21,8 +21,8 @@ from extproc.dev.bench.upstream import canned_upstream
 from extproc.dev.bench.variants import TRANSFORMS, pointed_at
 
 pytestmark = pytest.mark.e2e
-RESULT_KEYS = {"variant", "body", "concurrency", "round", "p50_ms", "p99_ms", "rps", "requests", "non_200",
-               "cpu_ms"}
+RESULT_KEYS = {"variant", "body", "concurrency", "round", "p50_ms", "p99_ms", "rps", "requests",
+               "non_200", "cpu_ms"}
 
 
 def test_bodies_have_exact_sizes() -> None:

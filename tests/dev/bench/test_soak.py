@@ -46,6 +46,25 @@ def test_the_caps_are_reached_when_the_prefix_index_stops_filling():
     assert v["rss_flat"] and v["tables_bounded"]
 
 
+@pytest.mark.parametrize(("last", "met"), [(104.0, True), (104.1, False)])
+def test_the_last_six_minutes_hold_rss_within_two_mib_once_the_caps_are_reached(last, met):
+    # Windows of 60 s over 12 minutes; the caps are reached at 120 s.
+    rss = [90.0, 100.0, 101.0, 101.5, 101.8, 102.0, 102.1, 102.5, 103.0, 103.2, 103.6, last]
+    windows = [window(60 * (i + 1), r, min(100, 50 * (i + 1)), 500) for i, r in enumerate(rss)]
+    v = verdicts(windows, CAPS)
+    assert v["caps_reached_at_s"] == 120
+    assert v["rss_tail"] == {"seconds": 360, "mib": round(last - 102.0, 1)}  # 360 s to 720 s
+    assert v["rss_tail_met"] is met
+    assert v["rss_flat"]  # the looser check, growth after the caps within 8 MiB, passes both
+
+
+def test_a_tail_that_begins_before_the_caps_are_reached_is_not_met():
+    windows = [window(60 * (i + 1), 100.0, min(100, 10 * (i + 1)), 500) for i in range(12)]
+    v = verdicts(windows, CAPS)
+    assert v["caps_reached_at_s"] == 600 and v["rss_tail"]["mib"] == 0.0
+    assert not v["rss_tail_met"]
+
+
 @pytest.mark.e2e
 def test_the_soak_runs_and_samples_every_window(capsys):
     assert main(["bench", "soak", "--minutes", "0.25", "--rate", "20", "--window", "5",
