@@ -120,9 +120,10 @@ def run(config: dict[str, Any], *, clients: int, warmup: int, concurrency: int,
             time.sleep(SETTLE_SECONDS)
             samples.append(sample(stack))
             routed.append(_routed(stack))
+        begun = _counted(stack, "saar_responses_total{")
     rss = [s["rss_mib"] for s in samples]
     return {"clients": clients, "warmup": warmup, "concurrency": concurrency,
-            "linger_s": linger, "answered_first": answered,
+            "linger_s": linger, "answered_first": answered, "answers_begun": int(begun),
             "routed": int(routed[2] - routed[0]),
             "rss_mib": rss, "growth_mib": round(rss[2] - rss[0], 1),
             "growth_last_half_mib": round(rss[2] - rss[1], 1),
@@ -132,8 +133,13 @@ def run(config: dict[str, Any], *, clients: int, warmup: int, concurrency: int,
 def _routed(stack: Stack) -> float:
     """Requests the processor has decided (``saar_requests_total``): a client that left before
     its body reached the processor never got that far."""
+    return _counted(stack, "saar_requests_total{")
+
+
+def _counted(stack: Stack, prefix: str) -> float:
+    """The sum of a counter's series on the processor's ``/metrics``."""
     return sum(float(line.rpartition(" ")[2]) for line in metrics_page(stack.processor_http)
-               .splitlines() if line.startswith("saar_requests_total{"))
+               .splitlines() if line.startswith(prefix))
 
 
 def main(config_path: str | None, *, clients: int, warmup: int, concurrency: int,
@@ -146,7 +152,7 @@ def main(config_path: str | None, *, clients: int, warmup: int, concurrency: int
     print(f"{report['clients']} clients hung up after a warm-up of {report['warmup']} "
           f"({report['concurrency']} at a time, {report['linger_s']} s after sending; "
           f"{report['routed']} routed by the processor, {report['answered_first']} got an "
-          "answer first)\n"
+          f"answer first, {report['answers_begun']} answers begun upstream in all)\n"
           f"processor RSS: {rss[0]} -> {rss[1]} -> {rss[2]} MiB: +{report['growth_mib']} MiB "
           f"(last half +{report['growth_last_half_mib']} MiB)\n"
           f"tables at the end: {tables}; asyncio tasks {report['tasks']:.0f}", flush=True)

@@ -20,7 +20,9 @@ def test_clients_that_hang_up_leave_no_session_behind(capsys):
     assert report["routed"] >= 100  # most reached the processor before their client left
     tables = report["tables"]
     # every session was new and its only request went unanswered, but for those whose answer
-    # (a streamed one's headers) reached the client before it hung up
-    assert tables["sessions"] <= report["answered_first"]
+    # (a streamed one's headers) had begun when its client hung up: the processor saw those
+    # headers, the client may not have (it left while Envoy passed them on)
+    assert report["answers_begun"] <= 24  # of 240 requests, the warm-up's included
+    assert tables["sessions"] <= report["answers_begun"]
     assert tables["owners"] == 0  # nothing was answered: nothing issued, nothing owned
     assert tables["admission_programs"] == 0
