@@ -133,8 +133,8 @@ def run(config: dict[str, Any], *, clients: int, warmup: int, concurrency: int,
 
 
 def _settle(stack: Stack) -> None:
-    """Wait as ``SETTLE_MAX_SECONDS`` says: the streams ended are counted by the processor's
-    overhead histogram, observed as each routing stream closes."""
+    """Wait until the processor has ended the last clients' streams (see ``SETTLE_SECONDS``):
+    its overhead histogram counts one observation as each routing stream closes."""
     time.sleep(SETTLE_SECONDS)
     ended = _counted(stack, "saar_router_overhead_seconds_count")
     deadline = time.monotonic() + SETTLE_MAX_SECONDS - SETTLE_SECONDS
