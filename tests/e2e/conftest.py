@@ -44,13 +44,19 @@ def get_json(url: str) -> Any:
         return json.load(response)
 
 
-def replay_outcome(stack: Stack, replay_id: str, timeout: float = 3.0) -> dict[str, Any]:
+def replay_outcome(stack: Stack, replay_id: str, timeout: float = 3.0,
+                   until: tuple[str, ...] = ()) -> dict[str, Any]:
     """The outcome is observed off the request path (observability mode), so it lands shortly
-    after the client has the response; poll for it."""
+    after the client has the response, and grows: the status first, what a streamed answer
+    carried when the observe stream reads its end. Poll until it has the keys ``until``
+    names (any outcome when none)."""
     deadline = time.monotonic() + timeout
     while True:
         record = get_json(f"{stack.processor_http}/v1/replay/{replay_id}")
-        if "outcome" in record or time.monotonic() > deadline:
+        outcome = record.get("outcome")
+        if outcome is not None and all(k in outcome for k in until):
+            return record
+        if time.monotonic() > deadline:
             return record
         time.sleep(0.02)
 

@@ -70,7 +70,7 @@ def test_streaming_chat_keeps_chunks_and_diagnostics(stack):
     assert len(chunks) > 2
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert chunks[-1].usage is not None
-    outcome = replay_outcome(stack, replay_id)["outcome"]
+    outcome = replay_outcome(stack, replay_id, until=("usage",))["outcome"]
     assert outcome["usage"]["prompt_tokens"] == chunks[-1].usage.prompt_tokens
 
 
