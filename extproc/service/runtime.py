@@ -9,6 +9,9 @@
   requests wait on, the sessions whose figures are being gathered (a fixed set of names:
   bounded series);
 * ``saar_gc_seconds{generation}``: the garbage collector's pauses (they stop the event loop);
+* ``saar_python_heap_blocks``: memory blocks the interpreter has allocated
+  (``sys.getallocatedblocks``): resident memory that grows while this stays flat is native
+  (an extension's, the allocator's), not Python objects kept alive;
 * ``process_resident_memory_bytes`` and the rest of Prometheus' process collector.
 """
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import sys
 import time
 import weakref
 from collections.abc import Callable, Iterator
@@ -47,6 +51,10 @@ class RuntimeCollector(Collector):
                                       "Tasks alive on the service's event loop")
             tasks.add_metric([], len(asyncio.all_tasks(self.loop)))
             yield tasks
+        blocks = GaugeMetricFamily("saar_python_heap_blocks",
+                                   "Memory blocks the interpreter has allocated")
+        blocks.add_metric([], sys.getallocatedblocks())
+        yield blocks
         entries = GaugeMetricFamily("saar_table_entries",
                                     "Entries of the router's bounded tables", labels=["table"])
         for name, size in self.tables.items():

@@ -32,6 +32,7 @@ async def test_tasks_tables_gc_and_process_are_exported(config):
     assert 'saar_table_entries{table="sessions"}' in values
     assert 'saar_table_entries{table="large_body_tenants"}' in values
     assert values["process_resident_memory_bytes"] > 1e6
+    assert values["saar_python_heap_blocks"] > 1e4  # the interpreter's own, at least
     assert values['saar_gc_seconds_count{generation="2"}'] >= 1
     # Stopped, the service no longer times the collector.
     assert not any(isinstance(c, GcTimer) for c in gc.callbacks)

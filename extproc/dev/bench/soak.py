@@ -8,7 +8,8 @@ streamed, each session new, from 20 tenants — are sent open-loop at ``--rate``
 the ceiling) for ``--minutes``. Every window the soak samples the processor's RSS (``/proc``),
 its tables (``saar_table_entries``), its asyncio tasks (``saar_asyncio_tasks``), the number of
 series ``/metrics`` exports, its full garbage collections (``saar_gc_seconds``: they stop the
-event loop), and the client's req/s, p50 and p99, then prints a row.
+event loop), the interpreter's allocated blocks (``saar_python_heap_blocks``: RSS growing while
+they stay flat is native memory), and the client's req/s, p50 and p99, then prints a row.
 
 The router's caps are lowered (``CAPS``) so a run of ten minutes reaches them; the verdicts
 say whether RSS stays flat once they are reached, whether any table or the series count keeps
@@ -245,7 +246,7 @@ def sample(stack: Stack) -> dict[str, Any]:
     """RSS (MiB), tasks, series and the table sizes, now."""
     text = metrics_page(stack.processor_http)
     tables: dict[str, float] = {}
-    tasks = gc_seconds = gc_count = math.nan
+    tasks = gc_seconds = gc_count = blocks = math.nan
     series = 0
     for line in text.splitlines():
         if not line or line.startswith("#"):
@@ -256,12 +257,14 @@ def sample(stack: Stack) -> dict[str, Any]:
             tables[name.split('"')[1]] = float(value)
         elif name == "saar_asyncio_tasks":
             tasks = float(value)
+        elif name == "saar_python_heap_blocks":
+            blocks = float(value)
         elif name == 'saar_gc_seconds_sum{generation="2"}':
             gc_seconds = float(value)
         elif name == 'saar_gc_seconds_count{generation="2"}':
             gc_count = float(value)
     return {"rss_mib": round(_rss(stack), 1), "tasks": tasks, "series": series,
-            "tables": tables, "gc2": [gc_count, round(gc_seconds, 4)]}
+            "tables": tables, "gc2": [gc_count, round(gc_seconds, 4)], "py_blocks": blocks}
 
 
 @dataclass
@@ -313,7 +316,10 @@ def verdicts(windows: Sequence[Window], caps: dict[str, int]) -> dict[str, Any]:
     base = max((w for w in windows if w.end_s <= start), key=lambda w: w.end_s,
                default=windows[0])
     out["rss_tail"] = {"seconds": round(windows[-1].end_s - base.end_s, 1),
-                       "mib": round(windows[-1].state["rss_mib"] - base.state["rss_mib"], 1)}
+                       "mib": round(windows[-1].state["rss_mib"] - base.state["rss_mib"], 1),
+                       # Python's own share of it: blocks it allocated more (or fewer)
+                       "py_blocks": windows[-1].state.get("py_blocks", math.nan)
+                       - base.state.get("py_blocks", math.nan)}
     out["rss_tail_met"] = (capped is not None and windows[capped].end_s <= base.end_s
                            and out["rss_tail"]["mib"] <= TAIL_RSS_MIB)
     growing = []
@@ -406,7 +412,7 @@ TABLE_COLUMNS = ("sessions", "owners", "replay_records", "replay_index", "admiss
 
 
 def table(report: dict[str, Any]) -> str:
-    head = ["t s", "req/s", "p50 ms", "p99 ms", "err", "RSS MiB", "tasks", "series",
+    head = ["t s", "req/s", "p50 ms", "p99 ms", "err", "RSS MiB", "py blocks", "tasks", "series",
             "gen2 GCs (ms)", *TABLE_COLUMNS]
     rows = [head]
     before = [0.0, 0.0]
@@ -416,7 +422,8 @@ def table(report: dict[str, Any]) -> str:
         before = gc2
         rows.append([f"{w['end_s']:.0f}", f"{w['rps']:.0f}", f"{w['p50_ms']:.1f}",
                      f"{w['p99_ms']:.1f}", str(w["errors"]), f"{w['rss_mib']:.1f}",
-                     f"{w['tasks']:.0f}", str(w["series"]), collections,
+                     f"{w.get('py_blocks', math.nan):.0f}", f"{w['tasks']:.0f}",
+                     str(w["series"]), collections,
                      *(f"{w['tables'].get(t, math.nan):.0f}" for t in TABLE_COLUMNS)])
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     ceiling_line = ("ceiling: " + ", ".join(f"{c} loops {r:.0f} req/s"
@@ -434,6 +441,8 @@ def table(report: dict[str, Any]) -> str:
              f"RSS over the last {v['rss_tail']['seconds']:g} s: {v['rss_tail']['mib']:+.1f} MiB "
              f"(issue 15: <= {TAIL_RSS_MIB:g} MiB over {TAIL_S:g} s, the caps reached before): "
              + ("met" if v["rss_tail_met"] else "MISSED"),
+             f"Python's allocated blocks over the same {v['rss_tail']['seconds']:g} s: "
+             f"{v['rss_tail']['py_blocks']:+.0f} (flat while RSS grows: the growth is native)",
              "tables: " + ("bounded" if v["tables_bounded"]
                            else "GROWING " + ", ".join(v["growing_tables"])),
              f"metric series: {v['series'][0]} -> {v['series'][1]}: "

@@ -14,10 +14,10 @@ CAPS = {"sessions": 100, "replay_records": 50}
 
 
 def window(t: float, rss: float, sessions: int, other: int, tasks: int = 10,
-           series: int = 300, p99: float = 20.0) -> Window:
+           series: int = 300, p99: float = 20.0, blocks: float = 200_000) -> Window:
     tables = {"sessions": sessions, "replay_records": min(50, sessions), "other": other}
     return Window(t, 100.0, 5.0, p99, 0, {"rss_mib": rss, "tasks": tasks, "series": series,
-                                          "tables": tables})
+                                          "tables": tables, "py_blocks": blocks})
 
 
 def test_a_steady_run_passes_every_verdict():
@@ -50,10 +50,13 @@ def test_the_caps_are_reached_when_the_prefix_index_stops_filling():
 def test_the_last_six_minutes_hold_rss_within_two_mib_once_the_caps_are_reached(last, met):
     # Windows of 60 s over 12 minutes; the caps are reached at 120 s.
     rss = [90.0, 100.0, 101.0, 101.5, 101.8, 102.0, 102.1, 102.5, 103.0, 103.2, 103.6, last]
-    windows = [window(60 * (i + 1), r, min(100, 50 * (i + 1)), 500) for i, r in enumerate(rss)]
+    blocks = [100_000 + 40 * i for i in range(12)]  # Python's share: +40 blocks a minute
+    windows = [window(60 * (i + 1), r, min(100, 50 * (i + 1)), 500, blocks=b)
+               for i, (r, b) in enumerate(zip(rss, blocks, strict=True))]
     v = verdicts(windows, CAPS)
     assert v["caps_reached_at_s"] == 120
-    assert v["rss_tail"] == {"seconds": 360, "mib": round(last - 102.0, 1)}  # 360 s to 720 s
+    # 360 s to 720 s: the sixth window to the twelfth
+    assert v["rss_tail"] == {"seconds": 360, "mib": round(last - 102.0, 1), "py_blocks": 240}
     assert v["rss_tail_met"] is met
     assert v["rss_flat"]  # the looser check, growth after the caps within 8 MiB, passes both
 
@@ -76,8 +79,10 @@ def test_the_soak_runs_and_samples_every_window(capsys):
     for w in report["windows"]:
         assert w["rps"] > 0 and w["errors"] == 0
         assert w["rss_mib"] > 10 and w["tasks"] > 0 and w["series"] > 50
+        assert w["py_blocks"] > 1e4
         assert {"sessions", "owners", "replay_records", "replay_index"} <= set(w["tables"])
     assert report["windows"][-1]["tables"]["sessions"] > 0
     assert set(report["verdicts"]) >= {"rss_flat", "tables_bounded", "series_bounded",
                                        "no_task_leak", "p99_stable"}
     assert any(line.startswith("p99: median") for line in out)
+    assert any(line.startswith("Python's allocated blocks over") for line in out)
