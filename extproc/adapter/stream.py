@@ -64,6 +64,10 @@ class Stream:
     def style(self) -> str:
         return self._exchange.style
 
+    @property
+    def closing(self) -> bool:
+        return self._exchange.closing
+
     async def replies(
         self, message: ep.ProcessingRequest
     ) -> AsyncIterator[ep.ProcessingResponse]:
@@ -157,8 +161,13 @@ async def process(
     its first reply, summed over a routing stream (a hold's reply ends its message's time;
     observe streams, which Envoy never waits on, are not timed)."""
     overhead, routing = 0.0, True
+    reader = aiter(requests)
     try:
-        async for message in requests:
+        while True:
+            try:
+                message = await (_shielded(reader) if stream.closing else anext(reader))
+            except StopAsyncIteration:
+                break
             since: float | None = time.perf_counter()
             routing = routing and not message.observability_mode
             try:
@@ -180,3 +189,12 @@ async def process(
         stream.close()
         if routing and overhead:
             metrics.overhead_seconds.observe(overhead)
+
+
+async def _shielded(reader: AsyncIterator[ep.ProcessingRequest]) -> ep.ProcessingRequest:
+    """The read Envoy's end lands on (its half-close and reset come together), run where the
+    reset's cancellation cannot reach it. A read cancelled while its batch is in flight leaks
+    the batch's ops in ``grpc.aio`` (grpc/grpc#43360): about 96 bytes for every request whose
+    reset won that race, the soak's residual creep. Shielded, the read still completes (the
+    half-close) and frees them; the handler is cancelled as before."""
+    return await asyncio.shield(anext(reader))

@@ -422,6 +422,15 @@ class Exchange:
         """The current message waits for a hold to end."""
         return self._waiting is not None
 
+    @property
+    def closing(self) -> bool:
+        """Envoy sends nothing more on this routing stream but its end: the answer's headers
+        passed and no body of it is read here, or its end was (the routing filter's modes send
+        no body unless a reply asks for it, and no trailers)."""
+        inbound, answer = self._inbound, self._answer
+        return (self._status != 0 and not self._observing and inbound is not None
+                and not inbound.duplex_response and (answer is None or answer.finished))
+
     def handle(self, event: Event) -> list[Command]:
         """The commands ``event`` calls for, in order."""
         try:

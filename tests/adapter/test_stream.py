@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 
 import orjson
 import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
+from extproc.adapter.stream import process
 from extproc.assembly import assemble
 
 from .support import (
@@ -242,6 +244,74 @@ async def test_a_client_that_hangs_up_before_the_answer_leaves_nothing_behind(co
     assert next(w for w in pool if w.address == picked).in_flight == 0
     assert replica.replay.get(replay_id)["outcome"]["aborted"] is True
     assert len(replica.state.local) == 0
+
+
+class EnvoySide:
+    """Envoy's end of one stream, as the handler's request iterator: messages put in one by
+    one (None: the half-close); counts the reads that were cancelled while they waited."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[ep.ProcessingRequest | None] = asyncio.Queue()
+        self.cancelled_reads = 0
+
+    def __aiter__(self) -> EnvoySide:
+        return self
+
+    async def __anext__(self) -> ep.ProcessingRequest:
+        try:
+            message = await self.queue.get()
+        except asyncio.CancelledError:
+            self.cancelled_reads += 1
+            raise
+        if message is None:
+            raise StopAsyncIteration
+        return message
+
+
+async def reset_after(replica: Replica, messages: list[ep.ProcessingRequest]) -> EnvoySide:
+    """The handler's loop fed ``messages``; once each is answered, Envoy resets the stream
+    (gRPC cancels the handler) while the handler waits to read the next."""
+    envoy, replies = EnvoySide(), []
+    driver = replica.stream()
+
+    async def handler() -> None:
+        async for reply in process(driver.stream, envoy, replica.parts.metrics):
+            replies.append(reply)
+
+    task = asyncio.create_task(handler())
+    for message in messages:
+        envoy.queue.put_nowait(message)
+    for _ in range(200):
+        await asyncio.sleep(0)
+        if len(replies) == len(messages):
+            break
+    assert len(replies) == len(messages)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    return envoy
+
+
+async def test_the_read_envoys_reset_lands_on_is_not_cancelled(replica):
+    """Once the answer's headers are answered and nothing but the stream's end is left, the
+    reset does not cancel the read waiting for that end (grpc.aio leaks a read cancelled
+    mid-batch); the handler itself still ends, and the turn with it."""
+    envoy = await reset_after(replica, [headers_msg(CHAT), body_msg(BODY),
+                                        response_headers("200", "application/json")])
+    assert envoy.cancelled_reads == 0
+    envoy.queue.put_nowait(None)  # the half-close still reaches the read, which ends
+    await asyncio.sleep(0)
+    pool = replica.parts.pools.registry.pool("qwen3-32b")
+    assert [w.in_flight for w in pool] == [0]
+
+
+@pytest.mark.parametrize("answer", [
+    [],  # no answer yet: the client hung up
+    [response_headers("200", "application/json")],  # the JSON answer's body is still to come
+], ids=["before the answer", "before the answer's body"])
+async def test_a_read_that_waits_for_more_than_the_end_is_cancelled_by_the_reset(replica, answer):
+    envoy = await reset_after(replica, [headers_msg(CHAT), body_msg(WITH_TOOLS), *answer])
+    assert envoy.cancelled_reads == 1
 
 
 def subset_headers_msg(subset: list[str] | str) -> ep.ProcessingRequest:

@@ -216,6 +216,30 @@ def test_the_routing_stream(loop, case):
     loop.play(steps)
 
 
+# After each event but the close: whether Envoy sends nothing more on the stream but its end
+# (the loop reads that end where Envoy's reset cannot cancel the read).
+CLOSING = {
+    "chat, a JSON answer with a tool call": [False, False, False, True],
+    "chat without tools": [False, False, True],
+    "chat, streamed": [False, False, True],
+    "responses": [False, False, False, True],
+    "messages, a tool use": [False, False, False, True],
+    "a failed upstream": [False, False, True],
+    "the client hangs up before the body of the answer": [False, False, False],
+}
+
+
+@pytest.mark.parametrize("case", list(CLOSING))
+def test_the_routing_stream_knows_when_only_its_end_is_left(loop, case):
+    (name,) = [c for c in BUFFERED if c.startswith(case)]
+    _, _, steps = BUFFERED[name]
+    seen = []
+    for event, _ in steps[:-1]:
+        loop(event)
+        seen.append(loop.exchange.closing)
+    assert seen == CLOSING[case]
+
+
 @pytest.mark.parametrize(("headers", "commands"), [
     ({":method": "GET", ":path": "/v1/models"}, ["continue request_headers skip"]),
     ({":method": "POST", ":path": "/v1/embeddings"}, ["continue request_headers skip"]),
@@ -447,6 +471,16 @@ def test_full_duplex_answers_the_headers_once_routed_and_passes_the_answer_back(
     ])
 
 
+def test_a_full_duplex_stream_is_never_read_as_closing(loop):
+    """Its answer's chunks come on it, and Envoy may send trailers after them."""
+    seen = []
+    for event in (RequestHeaders(CHAT, duplex=True, duplex_response=True), RequestBody(chat()),
+                  ResponseHeaders(200), ResponseBody(CHAT_CALL)):
+        loop(event)
+        seen.append(loop.exchange.closing)
+    assert seen == [False] * 4
+
+
 def test_full_duplex_trailers_end_the_body(loop):
     loop.play([
         (RequestHeaders(CHAT, duplex=True, duplex_response=True), []),
@@ -491,6 +525,7 @@ def test_the_observe_stream_claims_as_ids_pass_and_finishes_the_turn(loop):
         (ResponseBody(SSE_CALL[half:], end=False), ["apply claim,finish", "done"]),
     ])
     assert observer.stage is ex.Stage.DONE
+    assert not observer.closing  # an observe stream ends itself ("done")
 
 
 def test_a_streamed_answers_first_chunk_is_timed_once(loop, clock):
