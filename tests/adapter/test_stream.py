@@ -300,7 +300,9 @@ async def test_the_read_envoys_reset_lands_on_is_not_cancelled(replica):
                                         response_headers("200", "application/json")])
     assert envoy.cancelled_reads == 0
     envoy.queue.put_nowait(None)  # the half-close still reaches the read, which ends
-    await asyncio.sleep(0)
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert envoy.queue.empty() and envoy.cancelled_reads == 0
     pool = replica.parts.pools.registry.pool("qwen3-32b")
     assert [w.in_flight for w in pool] == [0]
 

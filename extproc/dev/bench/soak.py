@@ -442,7 +442,7 @@ def table(report: dict[str, Any]) -> str:
              f"(issue 15: <= {TAIL_RSS_MIB:g} MiB over {TAIL_S:g} s, the caps reached before): "
              + ("met" if v["rss_tail_met"] else "MISSED"),
              f"Python's allocated blocks over the same {v['rss_tail']['seconds']:g} s: "
-             f"{v['rss_tail']['py_blocks']:+.0f} (flat while RSS grows: the growth is native)",
+             f"{v['rss_tail']['py_blocks']:+.0f} (RSS growing while these stay flat is native)",
              "tables: " + ("bounded" if v["tables_bounded"]
                            else "GROWING " + ", ".join(v["growing_tables"])),
              f"metric series: {v['series'][0]} -> {v['series'][1]}: "
