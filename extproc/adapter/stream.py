@@ -198,4 +198,13 @@ async def _shielded(reader: AsyncIterator[ep.ProcessingRequest]) -> ep.Processin
     race: the soak's residual creep (about 50 bytes a request on average, measured).
     Shielded, the read still completes (the half-close) and frees them; the handler is
     cancelled as before."""
-    return await asyncio.shield(anext(reader))
+    read = asyncio.ensure_future(anext(reader))
+    read.add_done_callback(_taken)
+    return await asyncio.shield(read)
+
+
+def _taken(read: asyncio.Future[ep.ProcessingRequest]) -> None:
+    """A shielded read that ends after its handler (on the half-close, or the stream's error)
+    has its end taken here: asyncio would log every one as never retrieved."""
+    if not read.cancelled():
+        read.exception()

@@ -159,11 +159,38 @@ class Service:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    @property
+    def log_path(self) -> Path:
+        return self._workdir / f"{self.name}.log"
+
     def close(self) -> None:
         self.stop()
         if self._log is not None:
             self._log.close()
             self._log = None
+
+
+UNHANDLED = ("Task exception was never retrieved", "Exception in callback",
+             "Task was destroyed but it is pending")
+"""What asyncio logs for an error no code handled: a bug in the processor wherever it shows."""
+
+
+def check_unhandled(services: Sequence[StoreProcess]) -> None:
+    """Raise if a saar processor's log holds asyncio's report of an unhandled error (unless
+    the stack is already ending on an exception, which comes first)."""
+    if sys.exc_info()[0] is not None:
+        return
+    found = []
+    for service in services:
+        if not isinstance(service, Service) or "extproc" not in service.argv:
+            continue
+        with contextlib.suppress(OSError):
+            lines = service.log_path.read_text(errors="replace").splitlines()
+            found += [f"{service.log_path}: {line}" for line in lines
+                      if any(marker in line for marker in UNHANDLED)]
+    if found:
+        raise RuntimeError(f"{len(found)} unhandled asyncio error(s) in the processors' logs, "
+                           f"first: {found[0]}")
 
 
 @dataclass
@@ -505,6 +532,7 @@ def run_stack(
     finally:
         for started in reversed(services):
             started.close()
+        check_unhandled(services)
 
 
 @dataclass
@@ -598,3 +626,4 @@ def run_gateway(
     finally:
         for service in reversed(services):
             service.close()
+        check_unhandled(services)

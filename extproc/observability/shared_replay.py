@@ -248,11 +248,15 @@ class SharedReplay:
         self._pending.move_to_end(replay_id, last=False)
 
     async def _run_writer(self) -> None:
+        """Every ``flush_seconds``, what is pending then (in batches of ``BATCH``): records
+        marked while a batch is out wait for the next period, or under load the writer would
+        flush without pause, a few records a round trip."""
         while True:
             await asyncio.sleep(self._flush_seconds)
             try:
-                while self._pending and await self.flush():
-                    pass
+                due = len(self._pending)
+                while due > 0 and await self.flush():
+                    due -= BATCH
             except asyncio.CancelledError:
                 raise
             except Exception:

@@ -121,6 +121,41 @@ async def test_the_write_queue_is_bounded_and_drops_the_oldest(valkey):
     await writer.stop()
 
 
+class Counted:
+    """The store's client, counting the round trips made through it."""
+
+    def __init__(self, server) -> None:
+        self.server, self.trips = server, 0
+
+    async def execute(self, commands):
+        self.trips += 1
+        return await self.server.execute(commands)
+
+    async def close(self) -> None:
+        await self.server.close()
+
+
+async def test_under_steady_load_the_writer_makes_one_round_trip_a_period(valkey):
+    """Records marked while a batch is out wait for the next period: the writer never flushes
+    back to back, a few records a round trip (as it did under load)."""
+    server = Counted(connect(valkey))
+    writer = Writer(server, Metrics(), prefix="steady", ttl_seconds=60,
+                    session_records=KEPT, flush_seconds=0.05, max_pending=10_000)
+    writer.start()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    for i in range(400):  # a record every millisecond or so, for about half a second
+        writer.recorded({"replay_id": f"rp-{i}", "time": float(i),
+                         "session": {"id": "s", "tenant": "t"}})
+        await asyncio.sleep(0.001)
+    periods = (loop.time() - started) / 0.05
+    await asyncio.sleep(0.12)
+    assert 1 <= server.trips <= periods + 3
+    assert len(await writer.for_session("s", "t")) == KEPT  # every record went out
+    assert (await writer.get("rp-0"))["time"] == 0.0
+    await writer.stop()
+
+
 async def test_every_replica_lists_every_replicas_sessions_each_tenant_its_own(
         config, valkey, tmp_path):
     token = tmp_path / "token"
