@@ -148,9 +148,9 @@ async def test_under_steady_load_the_writer_makes_one_round_trip_a_period(valkey
         writer.recorded({"replay_id": f"rp-{i}", "time": float(i),
                          "session": {"id": "s", "tenant": "t"}})
         await asyncio.sleep(0.001)
-    periods = (loop.time() - started) / 0.05
+    trips, periods = server.trips, (loop.time() - started) / 0.05
+    assert 1 <= trips <= periods + 1  # each trip comes after a whole period's sleep
     await asyncio.sleep(0.12)
-    assert 1 <= server.trips <= periods + 3
     assert len(await writer.for_session("s", "t")) == KEPT  # every record went out
     assert (await writer.get("rp-0"))["time"] == 0.0
     await writer.stop()
