@@ -46,7 +46,7 @@ from .scheduling.flow import FlowController
 from .scheduling.kv_events import PreciseKVIndex, TierWeights
 from .scheduling.latency import LatencyPredictor
 from .scheduling.memo import BlockMemo
-from .scheduling.placement import PRECISE_BLOCK_SIZE, Pools
+from .scheduling.placement import Pools
 from .scheduling.shared_pool import SharedKVPool
 from .state.table import SessionTable
 from .types import Clock
@@ -148,13 +148,13 @@ def _pools(config: Config, clock: Clock, table: SessionTable, rng: random.Random
                               staleness_seconds=scheduling.staleness_seconds)
     tokenizer: Tokenizer | None = None
     index: ApproximatePrefixIndex | PreciseKVIndex
-    if prefix.mode == "precise":
-        assert prefix.tokenizer is not None  # config validation guarantees it
-        from .scheduling.tokenizer import Tokenizer  # the tokenizers library only when precise
+    if prefix.tokenizer:
+        from .scheduling.tokenizer import Tokenizer  # the tokenizers library only when named
 
         tokenizer = Tokenizer(prefix.tokenizer)
+    if prefix.mode == "precise":
         weights = prefix.tier_weights
-        index = PreciseKVIndex(block_size=PRECISE_BLOCK_SIZE, weights=TierWeights(
+        index = PreciseKVIndex(block_size=prefix.block_size, weights=TierWeights(
             weights.device, weights.cpu, weights.disk, weights.shared))
     else:
         index = ApproximatePrefixIndex.from_config(prefix)
@@ -174,7 +174,7 @@ def _pools(config: Config, clock: Clock, table: SessionTable, rng: random.Random
         sessions = SessionPrefixIndex(table=table)
         if isinstance(index, PreciseKVIndex):
             index.listeners.append(sessions.located)
-    tokens_per_block = (PRECISE_BLOCK_SIZE if tokenizer is not None
+    tokens_per_block = (prefix.block_size if prefix.mode == "precise"
                         else max(1, prefix.chars_per_block // 4))
     disaggregation = Disaggregator.from_config(
         scheduling, index=index, rng=rng, tokens_per_block=tokens_per_block,

@@ -252,7 +252,8 @@ class Rules:
     """The context must be at most this large (0: no bound)."""
     tools: StrictBool | None = None
     """true: the request must offer tools; false: it must offer none; null: either."""
-    apis: tuple[Literal["openai_chat", "openai_responses", "anthropic_messages"], ...] = ()
+    apis: tuple[Literal["openai_chat", "openai_responses", "anthropic_messages",
+                        "openai_completions"], ...] = ()
     """The request's API must be one of these (empty: any)."""
     headers: dict[str, StrictStr] = field(default_factory=dict)
     """Header name → the exact value the request must carry."""
@@ -512,7 +513,12 @@ class PrefixIndexConfig:
     """Approximate index: blocks remembered per worker (an LRU) until the server reports its KV
     capacity."""
     tokenizer: StrictStr | None = None
-    """The model's local ``tokenizer.json`` (needed by ``precise``)."""
+    """The model's local directory (``tokenizer.json`` with the chat template of its
+    ``tokenizer_config.json``), or its bare ``tokenizer.json``: needed by ``precise``; in either
+    mode, context windows are counted in its tokens."""
+    block_size: AtLeastOne = 16
+    """Precise index: tokens per KV block, as the engines cut them (vLLM's ``--block-size``:
+    16 by default on GPUs, 128 on its CPU backend)."""
     tier_weights: TierWeightsConfig = field(default_factory=TierWeightsConfig)
     shared_pool: SharedPoolConfig = field(default_factory=SharedPoolConfig)
 
@@ -767,9 +773,15 @@ class Scheduling:
     afterlife should be)."""
     max_waiting_per_worker: Count = 0
     """Shed load with 429 when every eligible worker has more waiting requests (0 = never)."""
-    scrape_interval_seconds: Annotated[Number, Field(ge=0.01)] = 0.05
-    """How often each worker's ``/metrics`` is read (vLLM's and SGLang's names); more often than
-    every 10 ms makes real servers unresponsive."""
+    scrape_interval_seconds: Annotated[Number, Field(ge=0.01)] = 0.5
+    """The fastest pace of a worker's ``/metrics`` reads (vLLM's and SGLang's names): the least
+    time between two reads of a busy worker (one with requests in flight, load in its last
+    read, or a request started or finished there since). Every 50 ms slowed a CPU engine's
+    TTFT; more often than every 10 ms makes real servers unresponsive."""
+    scrape_idle_interval_seconds: Annotated[Number, Field(ge=0.01)] = 1.0
+    """How often an idle worker's ``/metrics`` is read; kept at most half of
+    ``staleness_seconds`` (an idle worker never goes stale) and never under
+    ``scrape_interval_seconds``."""
     staleness_seconds: Positive = 2.0
     """A worker not scraped for this long is stale: the scorers lean on the router's own in-flight
     counts, and it is not ready (``inference_pool_ready_pods``)."""

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from ..apis import (
+    CHARS_PER_TOKEN,
     Preambles,
     answer_mark,
     model_spans,
@@ -47,7 +48,15 @@ from ..state.records import Claim, Commit, Finish, Forget, Owner, SessionRecord,
 from ..state.records import owner_key as scoped
 from ..state.store import Facts, Query
 from ..state.table import SessionTable
-from ..types import Action, Api, Clock, RequestSummary, ResponseSummary, SessionIdentity
+from ..types import (
+    Action,
+    Api,
+    Clock,
+    RequestSummary,
+    ResponseSummary,
+    SessionIdentity,
+    Usage,
+)
 from . import side
 from .health import ModelHealth
 from .identity import IdentityReader, chained, opened, parented
@@ -120,6 +129,17 @@ class Routed:
     def workers(self) -> tuple[str, ...]:
         """The picked worker first, then fallbacks; empty when Envoy's balancer decides."""
         return self.placement.workers
+
+
+@dataclass(frozen=True, slots=True)
+class Issuer:
+    """Where a request about a stored response goes (``core.paths``): the model whose answer
+    issued the response, its cluster, and the worker that answered (None: a pool Envoy
+    balances). A provider-bound id goes to its issuer, as a hard lock sends a turn."""
+
+    model: str
+    cluster: str
+    worker: str | None
 
 
 @dataclass(slots=True)
@@ -203,6 +223,8 @@ class Router:
             raise
         prompt = Prompt(summary, preambles=self._preambles, limit=self.pools.render_limit)
         self.pools.prepare(prompt)
+        if prompt.counted and prompt.tokens is not None:  # the model's count, not an estimate
+            summary = prompt.request = replace(summary, context_tokens=len(prompt.tokens))
         parsed = time.perf_counter()
         identity = self.identity.read(headers, summary)
         tenant = identity.tenant
@@ -224,6 +246,20 @@ class Router:
         only name one when they name none), None when they name none."""
         key = self.identity.read(headers).key
         return None if key is None else Query(key)
+
+    def locate(self, headers: Mapping[str, str], response_id: str) -> Query:
+        """What to load to find who issued ``response_id``, the stored response a path names
+        (``GET /v1/responses/{id}``…): its owner in the caller's tenant."""
+        return Query(None, (scoped(self.identity.tenant(headers), response_id),))
+
+    def located(self, query: Query, facts: Facts) -> Issuer | None:
+        """The issuer of the stored response ``locate`` asked for; None when no answer this
+        router read issued it (or its model is no longer configured): it passes through."""
+        owner = facts.owners.get(query.ids[0]) if query.ids else None
+        model = self.config.models.get(owner.model) if owner is not None else None
+        if owner is None or model is None:
+            return None
+        return Issuer(owner.model, model.cluster, owner.worker)
 
     @staticmethod
     def covers(request: Request, facts: Facts) -> bool:
@@ -589,8 +625,9 @@ class Router:
         return writes
 
     def observed(self, turn: Turn, response: ResponseSummary) -> None:
-        """What a streamed answer carried, told to the journal by the stream that read it."""
-        self.journal.completed(turn.replay_id, Outcome(response=response))
+        """What an answer carried, told to the journal by the stream that read it, as soon as
+        it read the answer's end (its usage estimated if it reported none)."""
+        self.journal.completed(turn.replay_id, Outcome(response=reported(turn, response)))
 
     @staticmethod
     def claim(turn: Turn, ids: Iterable[str]) -> Claim | None:
@@ -599,11 +636,13 @@ class Router:
         return Claim(keys, Owner(turn.model, turn.worker, turn.session_key)) if keys else None
 
     def ended(
-        self, routed: Routed, response: ResponseSummary | None, *, aborted: bool = False
+        self, routed: Routed, response: ResponseSummary | None, *, aborted: bool = False,
+        told: bool = False,
     ) -> list[Write]:
         """The request's stream closed (answered, failed or abandoned): the worker has one
-        fewer in flight, admission sees a tool boundary, the journal gets the outcome and a
-        session's final request forgets it."""
+        fewer in flight, admission sees a tool boundary, the journal gets the outcome (what
+        the answer carried unless ``observed`` already ``told`` it) and a session's final
+        request forgets it."""
         turn = routed.turn
         usage = response.usage if response is not None else None
         completion = usage.completion_tokens if usage else 0
@@ -631,7 +670,8 @@ class Router:
                 answers[turn.replay_id] = now
         latency = round((now - turn.started) * 1000, 3)
         self.journal.completed(turn.replay_id, Outcome(
-            response=response, aborted=aborted, latency_ms=latency))
+            response=None if told or response is None else reported(turn, response),
+            aborted=aborted, latency_ms=latency))
         key = turn.session_key
         if key is not None and (turn.final or (aborted and routed.fresh)):
             # The session ended (its final request), or it never was (its first request went
@@ -687,6 +727,20 @@ class LocalDriver:
 
     def session(self, key: str) -> SessionRecord | None:
         return self.store.record(key)
+
+
+def reported(turn: Turn, response: ResponseSummary) -> ResponseSummary:
+    """``response`` with the usage the journal records: the engine's when it reported any;
+    else, for an answer that generated something, the router's estimate, marked as such —
+    the prompt as the router counted it, the output from the characters generated (the
+    prompt's ratio), cached tokens unknown. A Chat stream carries usage only when its client
+    asked (``stream_options.include_usage``): asking the engine behind the client's back
+    would add a chunk to the client's stream, which only a processor holding every chunk
+    could take out again."""
+    if response.usage is not None or not (response.output_chars or response.finish_reason):
+        return response
+    output = -(-response.output_chars // CHARS_PER_TOKEN)
+    return replace(response, usage=Usage(turn.context_tokens, output, estimated=True))
 
 
 def issued(response: ResponseSummary) -> list[str]:

@@ -46,8 +46,6 @@ from .shared_pool import SharedKVPool
 if TYPE_CHECKING:
     from .tokenizer import Tokenizer
 
-PRECISE_BLOCK_SIZE = 16
-"""vLLM's default KV block size, in tokens, for the precise index."""
 WINDOW_BYTES_PER_TOKEN = 8
 """Bytes of rendered prompt a context window's token stands for at most, when bounding what is
 hashed (real tokenizers average about 4 on English and code)."""
@@ -62,7 +60,10 @@ class Prompt:
     session: str | None = None
     _text: str | None = None
     tokens: Sequence[int] | None = None
-    """The prompt's token ids (precise mode), when ``Pools.prepare`` has tokenised it."""
+    """The prompt's token ids, when ``Pools.prepare`` has tokenised it."""
+    counted: bool = False
+    """``tokens`` are the engine's own (its chat template and tokenizer): their number is the
+    context's, not an estimate."""
     _blocks: dict[str, tuple[Sequence[int], int]] = field(default_factory=dict)
     """model → (block hashes, how many lead with the session's previous prompt's)."""
     _matched: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -129,7 +130,7 @@ class Pools:
         self.registry = registry
         self.index = index
         self.tokenizer = tokenizer
-        self.tokens_per_block = (PRECISE_BLOCK_SIZE if tokenizer is not None
+        self.tokens_per_block = (scheduling.prefix.block_size if isinstance(index, PreciseKVIndex)
                                  else max(1, scheduling.prefix.chars_per_block // 4))
         self.memo = memo
         self.admission = admission
@@ -183,17 +184,23 @@ class Pools:
         """The work on a prompt that reads no shared state — rendering it, and in precise mode
         tokenising it — done where the body is parsed (a worker thread for a large body), so
         it never holds the event loop."""
+        if self.tokenizer is not None and prompt.tokens is None:
+            # the engine's own tokens, where the router can render the request as it does:
+            # they count the context against the windows, and key the precise index
+            prompt.tokens = self.tokenizer.prompt_tokens(prompt.request)
+            prompt.counted = prompt.tokens is not None
         if self.enabled and (self.required or any(
                 len(self.registry.pool(model)) > 1 for model in self._models)):
             text = prompt.text  # pools of one are Envoy's to balance: nothing to render for
-            if self.tokenizer is not None and prompt.tokens is None:
+            if isinstance(self.index, PreciseKVIndex) and prompt.tokens is None:
+                assert self.tokenizer is not None
                 prompt.tokens = self.tokenizer.encode(text)
 
     def _hashed(self, prompt: Prompt, model: str) -> tuple[Sequence[int], int]:
         found = prompt._blocks.get(model)
         if found is None:
-            if self.tokenizer is not None:
-                assert isinstance(self.index, PreciseKVIndex)
+            if isinstance(self.index, PreciseKVIndex):
+                assert self.tokenizer is not None
                 if prompt.tokens is None:
                     prompt.tokens = self.tokenizer.encode(prompt.text)
                 found = (self.index.hash_tokens(prompt.tokens), 0)
@@ -368,16 +375,18 @@ class Pools:
             KvHint(h.kind, h.session, h.worker, keep) for h in self.hints.ended(session_key))
 
     def scrape_targets(self) -> dict[str, str]:
-        """address → metrics URL of the workers whose load matters: those scored (pools of more
-        than one) and, with admission on, every worker (admission needs its KV capacity)."""
+        """address → metrics URL of the workers whose load matters (``scrape_workers``)."""
+        return {w.address: w.metrics_url or "" for w in self.scrape_workers()}
+
+    def scrape_workers(self) -> list[Worker]:
+        """The workers whose load matters: those scored (pools of more than one) and, with
+        admission on, every worker (admission needs its KV capacity). An address serving
+        several models comes once per model."""
         if not self.enabled:
-            return {}
+            return []
         everyone = self.admission.config.enabled
-        return {
-            w.address: w.metrics_url or ""
-            for model in self._models
-            for w in (self.registry.pool(model) if everyone else self._scored_pool(model))
-        }
+        return [w for model in self._models
+                for w in (self.registry.pool(model) if everyone else self._scored_pool(model))]
 
     def all_workers(self) -> list[Worker]:
         return [w for model in self._models for w in self.registry.pool(model)]

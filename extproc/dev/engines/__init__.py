@@ -1,0 +1,2 @@
+"""Real engines and routers the benches run beside saar, each installed on first use into its own
+environment under a cache directory outside the repo."""
