@@ -331,6 +331,19 @@ def _bench_vsr(args: argparse.Namespace) -> int:
                 args.output, tuple(args.variants.split(",")))
 
 
+def _bench_peers(args: argparse.Namespace) -> int:
+    from .dev.bench.peers.run import main
+    from .dev.bench.peers.settings import Settings
+
+    settings = Settings(
+        backend=args.backend, routers=tuple(args.routers.split(",")),
+        workloads=tuple(args.workloads.split(",")), sessions=args.sessions, turns=args.turns,
+        rounds=args.rounds, seed=args.seed, oversubscription=args.oversubscription,
+        workers=args.workers, c1_pairs=args.c1_requests, c16_seconds=args.c16_seconds,
+        trace=args.trace, workdir=args.workdir)
+    return main(settings, as_json=args.json)
+
+
 def _eval_matrix(args: argparse.Namespace) -> int:
     from .dev.evaluation.cli import run
 
@@ -561,6 +574,39 @@ def build_parser() -> argparse.ArgumentParser:
                      help="comma-separated, of saar,passthrough (the floor, in the same run)")
     vsr.add_argument("--config", default=None, help="default: config/example.yaml")
     vsr.set_defaults(func=_bench_vsr)
+    from .dev.bench.peers import settings as peers_settings
+
+    peers_defaults = peers_settings.Settings()
+    peers = bench_sub.add_parser(
+        "peers", help="the same workloads through saar, vllm-router and sglang-router "
+        "(installed from PyPI on first use) over the same workers, in interleaved rounds")
+    peers.add_argument("--backend", choices=peers_settings.BACKENDS, default=peers_defaults.backend,
+                       help="the workers: sim (saar sim-server), vllm, dynamo")
+    peers.add_argument("--routers", default=",".join(peers_defaults.routers),
+                       help="comma-separated (default: all)")
+    peers.add_argument("--workloads", default=",".join(peers_defaults.workloads),
+                       help="comma-separated (default: all)")
+    peers.add_argument("--sessions", type=_positive, default=peers_defaults.sessions,
+                       help="agent sessions (and trace sessions) per workload")
+    peers.add_argument("--turns", type=_positive, default=peers_defaults.turns,
+                       help="requests per agent session (trace sessions: half)")
+    peers.add_argument("--rounds", type=_positive, default=peers_defaults.rounds,
+                       help="every router's turn this many times, the order rotated")
+    peers.add_argument("--seed", type=int, default=peers_defaults.seed)
+    peers.add_argument("--oversubscription", type=float,
+                       default=peers_defaults.oversubscription,
+                       help="live context over the pool's KV in the oversubscribed workload")
+    peers.add_argument("--workers", type=_positive, default=peers_defaults.workers,
+                       help="workers the sim backend starts")
+    peers.add_argument("--c1-requests", type=_positive, default=peers_defaults.c1_pairs,
+                       help="requests at concurrency 1, each beside one straight to a worker")
+    peers.add_argument("--c16-seconds", type=float, default=peers_defaults.c16_seconds,
+                       help="seconds at concurrency 16")
+    peers.add_argument("--trace", default=None,
+                       help="a Mooncake JSONL trace for the shared_prefix workload")
+    peers.add_argument("--workdir", default=None, help="keep configs and logs here")
+    peers.add_argument("--json", action="store_true", help="last stdout line is JSON")
+    peers.set_defaults(func=_bench_peers)
 
     evaluation = sub.add_parser("eval", help="offline evaluations of the routing engine")
     eval_sub = evaluation.add_subparsers(dest="eval_command", required=True)

@@ -1,0 +1,56 @@
+"""The client against an in-process simulator: sessions grow as an agent's do, the first
+token is timed, the engine's counters and the usage are read."""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+
+from extproc.dev.bench.peers.backends import prefix_counters
+from extproc.dev.bench.peers.client import Target, closed_loop, run_workload
+from extproc.dev.bench.peers.workloads import Shape, TraceShape, build
+from extproc.dev.sim.server import SIMULATOR, SimConfig, build_app
+
+VLLM_METRICS = """\
+# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="tiny"} 1200.0
+vllm:prefix_cache_queries_total{engine="1",model_name="tiny"} 800.0
+# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{engine="0",model_name="tiny"} 1024.0
+vllm:prefix_cache_hits_created{engine="0",model_name="tiny"} 1.7e9
+"""
+
+
+def test_counters_are_read_as_vllm_names_them():
+    assert prefix_counters(VLLM_METRICS) == (1024.0, 2000.0)
+
+
+async def test_a_workload_runs_as_an_agent_would():
+    app = build_app(SimConfig(port=0, time_scale=0.0, output_tokens=16))
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    target = Target(f"http://127.0.0.1:{port}", "qwen3-8b")
+    try:
+        shape = Shape(sessions=2, turns=3, ramp_s=0.0, delay_s=(0.0, 0.0), answer_tokens=8,
+                      subagent_share=1.0, subagent_turns=2)
+        workload = build("agents", shape=shape, trace=TraceShape(), seed="c", kv_tokens=10**6)
+        tally, wall = await run_workload(workload, target)
+        assert tally.errors == {}
+        assert tally.requests == workload.requests() == 2 * 3 + 2 * 2
+        assert len(tally.ttfts_s) == tally.requests and wall > 0
+        assert tally.output_tokens == 8 * tally.requests
+        sim = app[SIMULATOR]
+        text = sim.metrics.render().decode()
+        hits, queries = prefix_counters(text)
+        assert queries > 0 and hits / queries > 0.5  # every turn resends the one before
+        ok, failed, elapsed = await closed_loop(target, 4, 0.2)
+        assert ok > 0 and failed == 0 and elapsed >= 0.2
+    finally:
+        await runner.cleanup()
+        await asyncio.sleep(0)
