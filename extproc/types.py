@@ -22,6 +22,8 @@ class Api(enum.StrEnum):
     CHAT = "openai_chat"
     RESPONSES = "openai_responses"
     MESSAGES = "anthropic_messages"
+    COMPLETIONS = "openai_completions"
+    """OpenAI's legacy text completions (``prompt`` in, ``text_completion`` out)."""
 
     @property
     def error_style(self) -> str:
@@ -32,6 +34,7 @@ API_PATHS: dict[str, Api] = {
     "/v1/chat/completions": Api.CHAT,
     "/v1/responses": Api.RESPONSES,
     "/v1/messages": Api.MESSAGES,
+    "/v1/completions": Api.COMPLETIONS,
 }
 
 

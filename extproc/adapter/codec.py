@@ -17,7 +17,7 @@ from envoy.type.v3 import http_status_pb2
 from google.protobuf import duration_pb2, struct_pb2
 
 from ..core import exchange as ex
-from ..core.router import Diagnostics, Routed
+from ..core.router import Diagnostics, Issuer, Routed
 from ..errors import RoutingError
 from ..state.records import Turn
 from ..types import Api
@@ -177,17 +177,20 @@ class Routing:
     def continued(self, command: ex.Continue) -> ep.ProcessingResponse:
         phase = command.phase
         if phase is ex.Phase.REQUEST_HEADERS:
-            if not (command.remove or command.path is not None or command.skip):
+            if not (command.remove or command.path is not None or command.skip
+                    or command.issuer is not None):
                 return _PLAIN[phase]
-            common = ep.CommonResponse(status=ep.CommonResponse.CONTINUE)
+            reply = ep.ProcessingResponse(request_headers=ep.HeadersResponse(
+                response=ep.CommonResponse(status=ep.CommonResponse.CONTINUE)))
+            common = reply.request_headers.response  # set in place: a message passed is copied
             mutation = common.header_mutation
-            if command.remove:
-                mutation.remove_headers.extend(command.remove)
-                common.clear_route_cache = True
+            if command.issuer is not None:
+                self._to_issuer(command.issuer, reply)
             if command.path is not None:
                 mutation.set_headers.append(_header(":path", command.path))
-                common.clear_route_cache = True
-            reply = ep.ProcessingResponse(request_headers=ep.HeadersResponse(response=common))
+            mine = {h.header.key for h in mutation.set_headers}
+            mutation.remove_headers.extend(h for h in command.remove if h not in mine)
+            common.clear_route_cache = bool(mutation.remove_headers or mutation.set_headers)
             if command.skip:
                 reply.mode_override.CopyFrom(_PASS_THROUGH)
             return reply
@@ -206,6 +209,19 @@ class Routing:
                 reply.mode_override.CopyFrom(_BUFFER_RESPONSE)
             return reply
         return _PLAIN[phase]
+
+    def _to_issuer(self, issuer: Issuer, reply: ep.ProcessingResponse) -> None:
+        """A request about a stored response, sent as a hard lock sends a turn: the issuer's
+        cluster, and its worker for every attempt."""
+        mutation = reply.request_headers.response.header_mutation
+        mutation.set_headers.append(_named(self.cluster_header, issuer.cluster))
+        if self.model_header:
+            mutation.set_headers.append(_named(self.model_header, issuer.model))
+        if issuer.worker is not None:
+            mutation.set_headers.append(_named(DESTINATION_HEADER, issuer.worker))
+            lb = reply.dynamic_metadata.fields[LB_NAMESPACE].struct_value.fields
+            lb[DESTINATION_HEADER].string_value = ",".join(
+                (issuer.worker,) * (MODEL_RETRIES + 1))
 
     def _routing(self, routed: Routed) -> tuple[ep.CommonResponse, struct_pb2.Struct]:
         common = ep.CommonResponse(status=ep.CommonResponse.CONTINUE, clear_route_cache=True)

@@ -1,7 +1,8 @@
-"""The three LLM wire formats: a request body in, a ``RequestSummary`` out; an answer in, a
+"""The LLM wire formats: a request body in, a ``RequestSummary`` out; an answer in, a
 ``ResponseSummary`` out; a request rendered as prompt text and cut into prefix blocks.
 
-Each API lives in one module (``chat``, ``responses``, ``messages``) that knows its shapes:
+Each API lives in one module (``chat``, ``responses``, ``messages``, ``completions``) that
+knows its shapes:
 the parse of a body, the rendering of its entries, the reading of its answer. The rest of the
 package knows none of them and dispatches through ``formats.FORMATS``.
 """

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..errors import MalformedRequest
-from ..types import ResponseSummary, Usage
+from ..types import ResponseSummary
 from .common import (
     Facts,
     Turn,
@@ -22,7 +22,6 @@ from .common import (
     as_list,
     canonical_json,
     conversation,
-    count,
     label,
     last_user_content,
     latest,
@@ -30,6 +29,7 @@ from .common import (
     record_arguments,
     record_call,
     record_text,
+    record_usage,
     task_marks,
     text,
 )
@@ -128,7 +128,7 @@ def document(summary: ResponseSummary, doc: dict[str, Any]) -> None:
             record_arguments(summary, len(summary.arguments), function.get("arguments"))
             record_call(summary, call.get("id"), function.get("name"))
         summary.finish_reason = nonempty_str(choice.get("finish_reason")) or summary.finish_reason
-    _usage(summary, doc.get("usage"))
+    record_usage(summary, doc.get("usage"))
 
 
 def event(summary: ResponseSummary, chunk: dict[str, Any]) -> bool:
@@ -148,15 +148,5 @@ def event(summary: ResponseSummary, chunk: dict[str, Any]) -> bool:
             if starts:
                 record_call(summary, call["id"], function.get("name"))
         summary.finish_reason = nonempty_str(choice.get("finish_reason")) or summary.finish_reason
-    _usage(summary, chunk.get("usage"))
+    record_usage(summary, chunk.get("usage"))
     return False
-
-
-def _usage(summary: ResponseSummary, usage: Any) -> None:
-    if not isinstance(usage, dict):
-        return
-    summary.usage = Usage(
-        prompt_tokens=count(usage.get("prompt_tokens")),
-        completion_tokens=count(usage.get("completion_tokens")),
-        cached_tokens=count(as_dict(usage.get("prompt_tokens_details")).get("cached_tokens")),
-    )

@@ -1,4 +1,4 @@
-"""What the three API modules share: the facts a body yields, and the readers of untrusted JSON.
+"""What the API modules share: the facts a body yields, and the readers of untrusted JSON.
 
 A body is client input and a response is upstream input: any field may hold any JSON type, and
 nesting goes as deep as orjson reads (1,024 levels, while it writes only 254). So every reader
@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 import xxhash
 
-from ..types import ResponseSummary
+from ..types import ResponseSummary, Usage
 
 Turn = tuple[str, str]
 """(role, text) of one rendered prompt turn."""
@@ -124,6 +124,18 @@ def record_text(summary: ResponseSummary, piece: Any) -> None:
     """A piece of the answer's text, kept while its mark still needs it."""
     if isinstance(piece, str) and len(summary.text) < 2 * ANSWER_MARK_CHARS:
         summary.text += piece
+
+
+def record_usage(summary: ResponseSummary, usage: Any) -> None:
+    """OpenAI's usage object (Chat and legacy Completions), cached tokens included; anything
+    but an object leaves ``summary.usage`` as it was (a chunk's ``"usage": null``)."""
+    if not isinstance(usage, dict):
+        return
+    summary.usage = Usage(
+        prompt_tokens=count(usage.get("prompt_tokens")),
+        completion_tokens=count(usage.get("completion_tokens")),
+        cached_tokens=count(as_dict(usage.get("prompt_tokens_details")).get("cached_tokens")),
+    )
 
 
 def nonempty_str(value: Any) -> str | None:

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Any, Protocol
 
 from ..types import Api, ResponseSummary
-from . import chat, messages, responses
+from . import chat, completions, messages, responses
 from .common import Facts, Turn
 
 
@@ -46,4 +46,5 @@ class ApiFormat(Protocol):
         ...
 
 
-FORMATS: dict[Api, ApiFormat] = {Api.CHAT: chat, Api.RESPONSES: responses, Api.MESSAGES: messages}
+FORMATS: dict[Api, ApiFormat] = {Api.CHAT: chat, Api.RESPONSES: responses, Api.MESSAGES: messages,
+                                  Api.COMPLETIONS: completions}

@@ -45,7 +45,9 @@ def parse_request(api: Api, raw: bytes, *, max_body_bytes: int) -> RequestSummar
         raise MissingModel('request body has no "model" string')
     facts = FORMATS[api].parse(body)
     tools = names(offered(FORMATS[api].tools(body)))
-    previous = nonempty_str(body.get("previous_response_id"))
+    # A completion carries no provider state, wherever a client puts the field.
+    previous = (None if api is Api.COMPLETIONS
+                else nonempty_str(body.get("previous_response_id")))
     return RequestSummary(
         api=api,
         model=model,
@@ -73,6 +75,8 @@ def parse_request(api: Api, raw: bytes, *, max_body_bytes: int) -> RequestSummar
 
 def _may_issue(api: Api, body: dict[str, Any], tools: tuple[str, ...]) -> bool:
     """Whether the answer may carry ids the router must own (see ``RequestSummary``)."""
+    if api is Api.COMPLETIONS:
+        return False
     if api is Api.RESPONSES or tools or body.get("functions"):
         return True
     return api is Api.MESSAGES and body.get("thinking") is not None

@@ -6,7 +6,9 @@ tool results), so a message renders the same whether the client re-sends it verb
 from an SDK object. That is what lets a turn's prompt share its prefix with the previous turn's
 prompt plus the reply, exactly the reuse a real prefix cache sees in an agent loop. The router and
 the simulator share this one rendering, so the router's guess of what a server caches is made
-from the same text the simulated server caches. Each API's module renders its own entries;
+from the same text the simulated server caches. A completion's prompt is no conversation: it
+renders as it is, unwrapped, and the next prompt that resends it with the answer appended
+extends that text. Each API's module renders its own entries;
 this module puts the turns together and cuts the text into blocks.
 """
 
@@ -52,8 +54,8 @@ def render_prompt(summary: RequestSummary, preambles: Preambles | None = None,
 
 
 def render_entries(api: Api, entries: Iterable[Any], limit: int | None = None) -> str:
-    """Messages (chat, messages) or input items (responses) rendered as prompt turns (those
-    past the first ``limit`` characters left out)."""
+    """Messages (chat, messages), input items (responses) or prompts (completions) rendered
+    as prompt turns (those past the first ``limit`` characters left out)."""
     turns = FORMATS[api].turns
     return _join((turn for entry in entries if isinstance(entry, dict)
                   for turn in turns(entry)), limit)
@@ -87,12 +89,18 @@ def prompt_blocks(model: str, text: str, chars_per_block: int = 64) -> tuple[int
 
 def _join(turns: Iterable[Turn], limit: int | None = None) -> str:
     if limit is None:
-        return "".join(f"<|{role}|>\n{text}\n" for role, text in turns)
+        return "".join(_piece(role, said) for role, said in turns)
     pieces, size = [], 0
     for role, said in turns:
         if size >= limit:
             break
-        piece = f"<|{role}|>\n{said}\n"
+        piece = _piece(role, said)
         pieces.append(piece)
         size += len(piece)
     return "".join(pieces)
+
+
+def _piece(role: str, said: str) -> str:
+    """One turn as the template renders it; a turn with no role (a completion's prompt, which
+    no template wraps) is its text alone."""
+    return f"<|{role}|>\n{said}\n" if role else said

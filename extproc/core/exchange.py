@@ -54,9 +54,9 @@ from ..types import Api, ResponseSummary
 from .bodies import LargeBodies
 from .journal import Held
 from .paths import classify, error_style
-from .router import Queued, Request, Routed, Router, issued
+from .router import Issuer, Queued, Request, Routed, Router, issued
 
-SERVED_APIS = "POST /v1/chat/completions, /v1/responses and /v1/messages"
+SERVED_APIS = "POST /v1/chat/completions, /v1/responses, /v1/messages and /v1/completions"
 SETTLE_FIRST_SECONDS = 0.002
 """The first look again for an issuer not known yet; each later one waits twice as long."""
 QUEUE_LOOK_SECONDS = 2.0
@@ -215,7 +215,8 @@ class Phase(Enum):
 class Continue:
     """Let the message ``phase`` go on. Request headers: ``remove`` the client's routing
     headers, set ``path`` (the canonical one), ``skip`` the rest of the request (not an API
-    call). Response headers: set ``diagnostics``, and ``read_body`` (a JSON answer's)."""
+    call), send it to ``issuer``. Response headers: set ``diagnostics``, and ``read_body`` (a
+    JSON answer's)."""
 
     phase: Phase
     remove: tuple[str, ...] = ()
@@ -224,6 +225,9 @@ class Continue:
     routed: Routed | None = None
     """Response headers: the decision whose diagnostics the client gets."""
     read_body: bool = False
+    issuer: Issuer | None = None
+    """Request headers: the model and worker that issued the stored response the request
+    names (its cluster and worker are set as a route's are)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,6 +321,8 @@ class Stage(Enum):
     START = auto()
     PASS = auto()
     """Not an API call: everything passes."""
+    LOCATE = auto()
+    """An operation on a stored response: its issuer is being looked up."""
     GATHER = auto()
     """An API call whose body is on its way."""
     DECIDE = auto()
@@ -344,6 +350,16 @@ class _Inbound:
     """The request headers have been answered (full duplex: only once routed)."""
     tenant: str = ""
     """Whose large-body budget the body is charged to (read once, at the headers)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Locating:
+    """What the request headers of an operation on a stored response said."""
+
+    query: Query
+    remove: tuple[str, ...]
+    path: str | None
+    duplex: bool
 
 
 @dataclass(slots=True)
@@ -398,6 +414,7 @@ class Exchange:
         self.style = "openai"
         """The error format of this request's client."""
         self._inbound: _Inbound | None = None
+        self._locating: _Locating | None = None
         self._slot: _Slot | None = None
         self._request: Request | None = None
         self._early: Facts | bool | None = None
@@ -480,6 +497,12 @@ class Exchange:
             self._router.metrics.errors.labels(PathNotFound.code).inc()
             raise PathNotFound(f"Invalid URL ({shown(method, 16)} {shown(path)}): this router "
                                f"serves {SERVED_APIS}")
+        if found.response_id is not None:  # provider-bound: its issuer answers
+            locating = _Locating(self._router.locate(headers, found.response_id), remove,
+                                 found.path, event.duplex)
+            self._locating = locating
+            self.stage = Stage.LOCATE
+            return [Load(locating.query)]
         if found.api is None:
             self.stage = Stage.PASS
             return [Continue(Phase.REQUEST_HEADERS, remove, skip=not event.duplex)]
@@ -578,12 +601,24 @@ class Exchange:
         return [Load(request.query)]
 
     def _on_loaded(self, event: Loaded) -> list[Command]:
+        if self.stage is Stage.LOCATE:
+            return self._located(event.facts)
         if self.stage is not Stage.DECIDE and self.stage is not Stage.GATHER:
             return []  # late: the request was refused, or routed from other facts
         if event.early:
             self._early = event.facts
             return self._facts_needed() if self._request is not None else []
         return self._settled(event.facts)
+
+    def _located(self, facts: Facts) -> list[Command]:
+        """The owner of the stored response is known (or not): the request goes to its
+        issuer (or passes through), and nothing more of it is seen here."""
+        locating, self._locating = self._locating, None
+        assert locating is not None
+        self.stage = Stage.PASS
+        issuer = self._router.located(locating.query, facts)
+        return [Continue(Phase.REQUEST_HEADERS, locating.remove, locating.path,
+                         skip=not locating.duplex, issuer=issuer)]
 
     def _settled(self, facts: Facts) -> list[Command]:
         """Route on ``facts`` — unless the request could race the write that names the issuer

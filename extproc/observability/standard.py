@@ -55,10 +55,10 @@ _TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 
 _TPOT = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
 
 OPERATIONS = {"openai_chat": "chat", "openai_responses": "responses",
-              "anthropic_messages": "messages"}
+              "anthropic_messages": "messages", "openai_completions": "completion"}
 """``gen_ai.operation.name`` per API, Envoy AI Gateway's values."""
 PROVIDERS = {"openai_chat": "openai", "openai_responses": "openai",
-             "anthropic_messages": "anthropic"}
+             "anthropic_messages": "anthropic", "openai_completions": "openai"}
 """``gen_ai.provider.name`` by the API schema the upstream speaks, as Envoy AI Gateway does."""
 TOKEN_TYPES = ("input", "cached_input", "output")
 """``input`` counts every prompt token, the cached ones included (``cached_input``)."""

@@ -28,6 +28,7 @@ from typing import Any
 
 from tokenizers import Tokenizer as _HFTokenizer
 
+from ..apis.formats import FORMATS
 from ..types import Api, RequestSummary
 
 _LOOPS_OVER_CONTENT = re.compile(r"\{%-?\s*for\s+\w+\s+in\s+[\w.\[\]'\"]*content\b")
@@ -65,9 +66,19 @@ class Tokenizer:
 
     def prompt_tokens(self, summary: RequestSummary) -> list[int] | None:
         """The token ids the engine computes for this request, or None where the router cannot
-        render it as the engine does (no template; an API the engine translates itself)."""
+        render it as the engine does (no template; an API the engine translates itself; a
+        batch of completion prompts, several sequences). A completion's prompt is no template's:
+        the ids it sent, or its text tokenised with the special tokens vLLM adds to it."""
         if summary.api is Api.CHAT and self._render is not None:
             return self.encode(self.render_chat(summary.body))
+        if summary.api is Api.COMPLETIONS:
+            prompts = [e["prompt"] for e in FORMATS[Api.COMPLETIONS].entries(summary.body)]
+            if len(prompts) != 1:
+                return None
+            (prompt,) = prompts  # a string or token ids: the parse saw to it
+            if isinstance(prompt, str):
+                return self._tokenizer.encode(prompt, add_special_tokens=True).ids
+            return list(prompt)
         return None
 
     def render_chat(self, body: dict[str, Any]) -> str:

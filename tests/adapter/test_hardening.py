@@ -65,10 +65,10 @@ async def test_the_canonical_path_keeps_its_query(replica):
 
 
 @pytest.mark.parametrize(("path", "headers", "style"), [
-    ("/v1/completions", {}, "openai"),
+    ("/v1/files", {}, "openai"),
     ("/v1/chat/complete", {}, "openai"),
     ("/chat/completions", {}, "openai"),
-    ("/v1/responses/resp_1/cancel", {}, "openai"),
+    ("/v1/responses/compact", {}, "openai"),
     ("/v1/messages/batches", {}, "anthropic"),
     ("/v1/complete", {"anthropic-version": "2023-06-01"}, "anthropic"),
 ])

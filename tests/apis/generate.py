@@ -103,7 +103,7 @@ ITEMS = ("message", "function_call", "function_call_output", "custom_tool_call",
 
 
 class Shapes:
-    """Bodies and answers of the three APIs where any field may be missing or of a wrong type."""
+    """Bodies and answers of the four APIs where any field may be missing or of a wrong type."""
 
     def __init__(self, r: Random) -> None:
         self.r = r
@@ -161,8 +161,9 @@ class Shapes:
         return self.prune(item) if r.random() < 0.97 else self.odd()
 
     def request(self, api_index: int) -> dict[str, Any]:
-        """A body with entries of the API ``api_index`` (0 chat, 1 responses, 2 messages);
-        the fields that decide whether it parses are odd less often than the rest."""
+        """A body with entries of the API ``api_index`` (0 chat, 1 responses, 2 messages,
+        3 completions); the fields that decide whether it parses are odd less often than the
+        rest."""
         r = self.r
         entries = [self.item() if api_index == 1 else self.message()
                    for _ in range(r.randrange(1, 8))]
@@ -179,10 +180,20 @@ class Shapes:
             entries if r.random() < 0.9 else self.maybe("hello"))
         if r.random() < 0.3:
             body["previous_response_id"] = self.ident()
+        if api_index == 3:
+            body["prompt"] = self.prompt()
         return body
 
+    def prompt(self) -> Any:
+        """A completion's prompt: text, texts, token ids, or lists of them, any odd."""
+        r = self.r
+        ids = [self.maybe(r.randrange(50_000)) for _ in range(r.randrange(4))]
+        return r.choice((self.maybe(r.choice(WORDS) * r.randrange(3)),
+                         [self.maybe("some text") for _ in range(r.randrange(3))], ids,
+                         [ids, self.maybe(ids)]))
+
     def answer(self, api_index: int) -> dict[str, Any]:
-        """A whole answer or one stream event of any of the three APIs, any field odd."""
+        """A whole answer or one stream event of any of the four APIs, any field odd."""
         r = self.r
         usage = self.maybe({"prompt_tokens": self.maybe(5), "input_tokens": self.maybe(5),
                             "completion_tokens": self.maybe(2), "output_tokens": self.maybe(2),
@@ -192,7 +203,7 @@ class Shapes:
         blocks = [self.block() for _ in range(r.randrange(3))]
         choice = self.maybe({"message": self.maybe({"tool_calls": [self.call()]}),
                              "delta": self.maybe({"tool_calls": [self.call()]}),
-                             "finish_reason": self.maybe("stop")})
+                             "text": self.maybe("done"), "finish_reason": self.maybe("stop")})
         answer = {
             "type": r.choice(("response.created", "response.completed", "response.failed",
                               "message_start", "content_block_start", "content_block_delta",

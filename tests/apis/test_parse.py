@@ -14,6 +14,7 @@ MINIMAL = {
     Api.CHAT: b'"messages":[{"role":"user","content":"hi"}]',
     Api.RESPONSES: b'"input":"hi"',
     Api.MESSAGES: b'"messages":[{"role":"user","content":"hi"}]',
+    Api.COMPLETIONS: b'"prompt":"hi"',
 }
 
 

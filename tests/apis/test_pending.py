@@ -170,6 +170,7 @@ ENTRIES = {
     Api.CHAT: ("messages", [user()]),
     Api.RESPONSES: ("input", [message("user")]),
     Api.MESSAGES: ("messages", [user()]),
+    Api.COMPLETIONS: ("prompt", "hi"),
 }
 
 
@@ -179,8 +180,11 @@ ENTRIES = {
     (None, None),
 ])
 def test_previous_response_id_wherever_the_body_carries_it(api: Api, value: Any, expected: Any):
-    """Clients of other routers send it in Chat and Messages bodies too."""
+    """Clients of other routers send it in Chat and Messages bodies too; a completion
+    carries no provider state, whatever its body holds."""
     key, entries = ENTRIES[api]
+    if api is Api.COMPLETIONS:
+        expected = None
     s = parse(api, {"model": "auto", key: entries, "previous_response_id": value})
     assert s.previous_response_id == expected
     assert s.has_provider_state is (expected is not None)

@@ -244,7 +244,10 @@ def test_the_routing_stream_knows_when_only_its_end_is_left(loop, case):
     ({":method": "GET", ":path": "/v1/models"}, ["continue request_headers skip"]),
     ({":method": "POST", ":path": "/v1/embeddings"}, ["continue request_headers skip"]),
     ({":method": "POST", ":path": "/V1/Chat/Completions/"}, ["continue request_headers path"]),
-    ({":method": "POST", ":path": "/v1/completions"}, ["refuse 404 path_not_found"]),
+    ({":method": "POST", ":path": "/v1/files"}, ["refuse 404 path_not_found"]),
+    ({":method": "POST", ":path": "/v1/completions"}, ["continue request_headers"]),
+    ({":method": "GET", ":path": "/v1/responses/resp_1"},
+     ["load", "continue request_headers skip"]),
     ({**CHAT, "x-saar-cluster": "evil", "x-gateway-destination-endpoint": "6.6.6.6:1"},
      ["continue request_headers remove=x-gateway-destination-endpoint,x-saar-cluster"]),
 ])

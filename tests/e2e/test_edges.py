@@ -50,9 +50,10 @@ def test_a_path_variant_gets_the_body_limit(stack):
 
 def test_unknown_llm_paths_are_a_404_the_sdks_raise(stack):
     with pytest.raises(openai.NotFoundError) as info:
-        oai(stack.url).completions.create(model="auto", prompt="hello")
+        oai(stack.url).batches.create(completion_window="24h", endpoint="/v1/chat/completions",
+                                      input_file_id="file-1")
     assert info.value.body["code"] == "path_not_found"
-    assert "Invalid URL (POST /v1/completions)" in info.value.message
+    assert "Invalid URL (POST /v1/batches)" in info.value.message
     with pytest.raises(anthropic.NotFoundError) as found:
         claude(stack.url).messages.batches.create(requests=[])
     assert found.value.body["error"]["type"] == "not_found_error"

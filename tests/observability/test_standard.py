@@ -137,7 +137,8 @@ def test_records_become_the_upstream_metrics(events, expected, tracked):
 
 @pytest.mark.parametrize(("api", "operation", "provider"), [
     ("openai_chat", "chat", "openai"), ("openai_responses", "responses", "openai"),
-    ("anthropic_messages", "messages", "anthropic")])
+    ("anthropic_messages", "messages", "anthropic"),
+    ("openai_completions", "completion", "openai")])
 def test_operation_and_provider_by_api(api, operation, provider):
     run = Run()
     run.play([("put", record(1, api=api, asked="m-small", model="m-small")), ("rp-1", OK),

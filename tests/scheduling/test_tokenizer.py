@@ -97,3 +97,15 @@ def test_without_a_template_the_router_counts_nothing(tmp_path: Path) -> None:
 def test_a_missing_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=r"tokenizer\.json"):
         Tokenizer(tmp_path)
+
+
+@pytest.mark.parametrize(("prompt", "tokens"), [
+    ("hi!", [73, 74, 2]),  # no template wraps it
+    ([[9, 8, 7]], [9, 8, 7]),  # the ids it sent, a batch of one
+    ([5, 6], [5, 6]),
+    (["a", "b"], None),  # a batch: several sequences, none of them the request's
+])
+def test_a_completions_prompt_is_its_own_tokens(chatml: Tokenizer, prompt: Any, tokens: Any):
+    body = json.dumps({"model": "m", "prompt": prompt}).encode()
+    summary = parse_request(Api.COMPLETIONS, body, max_body_bytes=1 << 20)
+    assert chatml.prompt_tokens(summary) == tokens

@@ -1,8 +1,10 @@
 """HTTP wiring of a simulated vLLM server: the API routes, operations endpoints and the CLI.
 
-Endpoints: ``POST /v1/chat/completions``, ``/v1/responses``, ``/v1/messages``; ``GET /v1/models``,
-``/metrics``, ``/health``; ``POST /v1/kv/hints`` (the router's KV hints); ``POST /admin/faults``,
-``GET /admin/state``, ``POST /admin/reset``.
+Endpoints: ``POST /v1/chat/completions``, ``/v1/responses``, ``/v1/messages``,
+``/v1/completions``; ``GET /v1/responses/{id}`` and ``POST /v1/responses/{id}/cancel`` (a
+stored response, on the instance that answered it); ``GET /v1/models``, ``/metrics``,
+``/health``; ``POST /v1/kv/hints`` (the router's KV hints); ``POST /admin/faults``, ``GET
+/admin/state``, ``POST /admin/reset``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ def build_app(cfg: SimConfig) -> web.Application:
     app[SIMULATOR] = sim
     for path in API_PATHS:
         app.router.add_post(path, sim.handle_api)
+    app.router.add_get("/v1/responses/{response_id}", _stored_response)
+    app.router.add_post("/v1/responses/{response_id}/cancel", _cancel_response)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/health", _health)
@@ -79,6 +83,29 @@ async def _models(request: web.Request) -> web.Response:
         for name in cfg.served_names
     ]
     return _json({"object": "list", "data": data})
+
+
+async def _stored_response(request: web.Request) -> web.Response:
+    """vLLM's retrieve: the stored response, or 404 on any instance that did not answer it."""
+    response_id = request.match_info["response_id"]
+    stored = request.app[SIMULATOR].stored(response_id)
+    if stored is None:
+        return _not_stored(response_id)
+    return _json(stored)
+
+
+async def _cancel_response(request: web.Request) -> web.Response:
+    """vLLM's cancel: only a background response can be; the simulator answers none so."""
+    response_id = request.match_info["response_id"]
+    if request.app[SIMULATOR].stored(response_id) is None:
+        return _not_stored(response_id)
+    return openai_error(400, "Cannot cancel a synchronous response.",
+                        kind="invalid_request_error", code=400)
+
+
+def _not_stored(response_id: str) -> web.Response:
+    return openai_error(404, f"Response with id '{response_id}' not found.",
+                        kind="invalid_request_error", code=404)
 
 
 async def _metrics(request: web.Request) -> web.Response:

@@ -58,6 +58,8 @@ REMOTE_DECODE_HEADER = "x-sim-remote-decode"
 """Marks the sidecar's prefill-only call to a prefill worker."""
 PREFILLED_BY_HEADER = "x-sim-prefilled-by"
 """On a decode worker's answer: the prefill worker's instance that prefilled it."""
+STORED_RESPONSES = 4096
+"""Responses answers kept for ``GET /v1/responses/{id}`` (the oldest forgotten past it)."""
 CHAINED = frozenset({Api.RESPONSES, Api.CHAT})
 """APIs whose answer id a later request may name as ``previous_response_id``: Responses, and
 Chat as the Semantic Router's live benchmark chains it. Only Responses resumes the stored
@@ -122,6 +124,8 @@ class Simulator:
         self._client: Any = None
         self._adapters: OrderedDict[str, None] = OrderedDict()
         """Adapters in GPU slots, least recently used first."""
+        self._stored: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        """Responses answers as ``GET /v1/responses/{id}`` returns them, newest last."""
         self._adapter_use: Counter[str] = Counter()
         self._adapter_waiting: Counter[str] = Counter()
         self.adapter_loads = 0
@@ -394,6 +398,10 @@ class Simulator:
         if api is Api.RESPONSES:
             turn_text = prompt.new + reply_text
             self.oracle.record_response(reply.id, summary.previous_response_id, turn_text)
+            if summary.body.get("store") is not False:
+                self._stored[reply.id] = FORMATS[api].document(reply, summary)
+                while len(self._stored) > STORED_RESPONSES:
+                    self._stored.popitem(last=False)
         elif api in CHAINED:
             self.oracle.record_response(reply.id, None, "")
         self.metrics.generation_tokens.inc(reply.output_tokens)
@@ -444,9 +452,15 @@ class Simulator:
         if fail_every is not None:
             self.fail_every = fail_every
 
+    def stored(self, response_id: str) -> dict[str, Any] | None:
+        """A Responses answer this instance stored (``GET /v1/responses/{id}``), if it did:
+        vLLM keeps them in its own process, so only the worker that answered has it."""
+        return self._stored.get(response_id)
+
     def reset(self) -> None:
         """Forget issued ids, cache and fault plan; Prometheus counters stay monotonic."""
         self.oracle.reset()
+        self._stored.clear()
         self.cache.clear()
         self.requests = 0
         self.last_request_headers = {}

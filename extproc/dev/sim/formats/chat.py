@@ -30,7 +30,7 @@ class ChatFormat:
                     "finish_reason": _finish_reason(reply),
                 }
             ],
-            "usage": _usage(reply),
+            "usage": openai_usage(reply),
         }
 
     def events(self, reply: Reply, summary: RequestSummary) -> Iterator[SseEvent]:
@@ -56,7 +56,7 @@ class ChatFormat:
                 {
                     **self._envelope(reply, "chat.completion.chunk"),
                     "choices": [],
-                    "usage": _usage(reply),
+                    "usage": openai_usage(reply),
                 }
             )
         yield SseEvent("[DONE]")
@@ -102,7 +102,8 @@ def _finish_reason(reply: Reply) -> str:
     return "length" if reply.truncated else "stop"
 
 
-def _usage(reply: Reply) -> dict[str, Any]:
+def openai_usage(reply: Reply) -> dict[str, Any]:
+    """OpenAI's usage object, as vLLM writes it for Chat and legacy Completions."""
     return {
         "prompt_tokens": reply.prompt_tokens,
         "completion_tokens": reply.output_tokens,
