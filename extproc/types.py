@@ -173,6 +173,9 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    estimated: bool = False
+    """The router's estimate, not the engine's report (an answer that carried no usage: a
+    stream whose client did not ask for it); ``cached_tokens`` is then unknown."""
 
 
 @dataclass(slots=True)
@@ -192,3 +195,6 @@ class ResponseSummary:
     arguments: dict[int, str | None] = field(default_factory=dict)
     """The arguments of the answer's tool calls by position (None: too long to keep), which
     their task marks are made of (``apis.task_mark``)."""
+    output_chars: int = 0
+    """Characters the answer generated (text, reasoning, tool calls' arguments): its output
+    tokens are estimated from them when it reports no usage."""

@@ -28,6 +28,7 @@ from .common import (
     nonempty_str,
     record_arguments,
     record_call,
+    record_output,
     record_text,
     record_usage,
     task_marks,
@@ -123,6 +124,7 @@ def document(summary: ResponseSummary, doc: dict[str, Any]) -> None:
         choice = as_dict(choice)
         message = as_dict(choice.get("message"))
         record_text(summary, message.get("content"))
+        record_output(summary, _reasoning(message))
         for call in as_list(message.get("tool_calls")):
             call, function = as_dict(call), as_dict(as_dict(call).get("function"))
             record_arguments(summary, len(summary.arguments), function.get("arguments"))
@@ -138,6 +140,7 @@ def event(summary: ResponseSummary, chunk: dict[str, Any]) -> bool:
         choice = as_dict(choice)
         delta = as_dict(choice.get("delta"))
         record_text(summary, delta.get("content"))
+        record_output(summary, _reasoning(delta))
         for call in as_list(delta.get("tool_calls")):
             call, function = as_dict(call), as_dict(as_dict(call).get("function"))
             starts = nonempty_str(call.get("id")) is not None
@@ -150,3 +153,10 @@ def event(summary: ResponseSummary, chunk: dict[str, Any]) -> bool:
         summary.finish_reason = nonempty_str(choice.get("finish_reason")) or summary.finish_reason
     record_usage(summary, chunk.get("usage"))
     return False
+
+
+def _reasoning(message: dict[str, Any]) -> Any:
+    """A reasoning parser's text (vLLM: ``reasoning``, before it ``reasoning_content``; a
+    server may send both, the same text)."""
+    reasoning = message.get("reasoning")
+    return reasoning if reasoning is not None else message.get("reasoning_content")

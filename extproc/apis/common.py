@@ -112,6 +112,7 @@ def _task_text_mark(value: str) -> str | None:
 def record_arguments(summary: ResponseSummary, position: Any, piece: Any) -> None:
     """A piece of the arguments of the answer's tool call at ``position`` (its index in the
     answer), kept while under ``ARGUMENTS_KEPT`` (past it, None: that call marks no task)."""
+    record_output(summary, piece)
     if type(position) is not int or not isinstance(piece, str):
         return
     kept = summary.arguments.get(position, "")
@@ -122,8 +123,16 @@ def record_arguments(summary: ResponseSummary, position: Any, piece: Any) -> Non
 
 def record_text(summary: ResponseSummary, piece: Any) -> None:
     """A piece of the answer's text, kept while its mark still needs it."""
+    record_output(summary, piece)
     if isinstance(piece, str) and len(summary.text) < 2 * ANSWER_MARK_CHARS:
         summary.text += piece
+
+
+def record_output(summary: ResponseSummary, piece: Any) -> None:
+    """A piece of what the answer generated, counted (not kept): its output tokens are
+    estimated from the count when it reports no usage."""
+    if isinstance(piece, str):
+        summary.output_chars += len(piece)
 
 
 def record_usage(summary: ResponseSummary, usage: Any) -> None:

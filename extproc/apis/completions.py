@@ -18,7 +18,16 @@ from typing import Any, TypeGuard
 
 from ..errors import MalformedRequest
 from ..types import ResponseSummary
-from .common import Facts, Turn, as_dict, as_list, latest, nonempty_str, record_usage
+from .common import (
+    Facts,
+    Turn,
+    as_dict,
+    as_list,
+    latest,
+    nonempty_str,
+    record_output,
+    record_usage,
+)
 
 _SHAPE = '"prompt" must be a string, an array of strings, or token ids (an array of them)'
 
@@ -81,5 +90,6 @@ def event(summary: ResponseSummary, chunk: dict[str, Any]) -> bool:
 
 def _choices(summary: ResponseSummary, choices: Any) -> None:
     for choice in as_list(choices):
+        record_output(summary, as_dict(choice).get("text"))
         reason = nonempty_str(as_dict(choice).get("finish_reason"))
         summary.finish_reason = reason or summary.finish_reason

@@ -9,8 +9,9 @@ wake another request, apply these writes, refuse with this error. The adapter's 
 replies; every stream kind drives this one machine:
 
 * the **routing stream** of a local Envoy (``BUFFERED`` body): request headers → body →
-  (parse, load, route) → the route; response headers → the commit, and for a JSON answer that
-  may carry ids its body, read as it passes; the end of the stream ends the turn;
+  (parse, load, route) → the route; response headers → the commit, and for a JSON answer its
+  body, read as it passes (the ids it may carry, its usage and finish reason, told to the journal
+  before the client gets a byte of it); the end of the stream ends the turn;
 * a gateway's **endpoint picker stream** (``FULL_DUPLEX_STREAMED``): the request's chunks are
   gathered until its end, and only then are the headers answered (the pick rides on them) and
   the body sent back; the answer's chunks pass back at once, each after the ids it carries are
@@ -396,6 +397,8 @@ class _Answer:
     begun: bool = False
     """Its first event passed (the time to first token is learnt then)."""
     finished: bool = False
+    told: bool = False
+    """The journal has what it carried (the routing stream's end need not tell it again)."""
 
 
 class Exchange:
@@ -804,8 +807,10 @@ class Exchange:
 
     def _on_response_headers(self, event: ResponseHeaders) -> list[Command]:
         """The upstream answered (or Envoy did, e.g. no healthy upstream): the turn is
-        committed for a 2xx; a JSON answer that may carry ids is read as it passes (full
-        duplex: every answer's chunks pass this stream)."""
+        committed for a 2xx, and a JSON answer is read as it passes (full duplex: every
+        answer's chunks pass this stream). Its commit waits for its body only when the answer
+        may carry ids (they are claimed in the same write); every body is read, for its usage
+        and finish reason: one message more, the answer buffered in Envoy meanwhile."""
         routed = self._routed
         if routed is None:
             return [Continue(Phase.RESPONSE_HEADERS)]
@@ -826,10 +831,11 @@ class Exchange:
         if event.end:
             done = router.finished(turn, ResponseSummary())
             return [Apply((*commits, *done)), reply]
-        if duplex or routed.reads_answer:
-            self._answer = _Answer(turn, ResponseObserver(routed.api, streaming=False), commits)
-            return [Continue(Phase.RESPONSE_HEADERS, routed=routed, read_body=not duplex)]
-        return [Apply(tuple(commits)), reply]
+        held = duplex or routed.reads_answer
+        self._answer = _Answer(turn, ResponseObserver(routed.api, streaming=False),
+                               commits if held else [])
+        read = Continue(Phase.RESPONSE_HEADERS, routed=routed, read_body=not duplex)
+        return [read] if held else [Apply(tuple(commits)), read]
 
     def _on_response_body(self, event: ResponseBody) -> list[Command]:
         answer, inbound = self._answer, self._inbound
@@ -844,6 +850,10 @@ class Exchange:
                 writes = [*answer.held, *self._router.finished(answer.turn, observer.summary)]
                 answer.held = []
                 answer.finished = True
+                # Told now, before Envoy passes the body on: a client that looks its answer up
+                # by x-replay-id at once finds what it carried (the stream's end comes later).
+                self._router.observed(answer.turn, observer.summary)
+                answer.told = True
         else:
             writes = self._read_sse(answer, event)
         commands: list[Command] = [Apply(tuple(writes))] if writes else []
@@ -878,6 +888,7 @@ class Exchange:
             answer.finished = True
             writes += self._router.finished(answer.turn, observer.summary, answer.claimed)
             self._router.observed(answer.turn, observer.summary)
+            answer.told = True
         return writes
 
     # -- the observe stream ----------------------------------------------------------------
@@ -941,7 +952,8 @@ class Exchange:
             answer.finished = True
             writes += self._router.finished(answer.turn, answer.observer.summary,
                                             answer.claimed)
-        writes += self._router.ended(routed, summary, aborted=self._status == 0)
+        writes += self._router.ended(routed, summary, aborted=self._status == 0,
+                                     told=answer is not None and answer.told)
         if routed.arrival is not None:  # a place in its pool is free: the queue's next goes
             commands += [Wake("queue", t) for t in self._router.dispatch(routed.model)]
         self.stage = Stage.DONE

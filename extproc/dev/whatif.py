@@ -187,6 +187,8 @@ class WhatIf:
         self.store.apply_now([Commit(turn)], record["time"])
         self._now = end
         reported = outcome.get("usage")
+        if reported and reported.get("source") == "estimated":
+            reported = None  # the engine reported none: the live memory kept none either
         if reported and decision.model == record.get("model"):
             usage: Usage | None = Usage(int(reported["prompt_tokens"]),
                                         int(reported["completion_tokens"]),

@@ -168,7 +168,10 @@ def _outcome(outcome: dict[str, Any]) -> str:
     if outcome.get("first_chunk_ms") is not None:
         parts.append(f"first token at {outcome['first_chunk_ms']} ms")
     usage = outcome.get("usage")
-    if usage:
+    if usage and usage.get("source") == "estimated":
+        parts.append(f"~{usage.get('prompt_tokens')} tokens in, ~"
+                     f"{usage.get('completion_tokens')} out (estimated: the engine reported none)")
+    elif usage:
         parts.append(f"{usage.get('prompt_tokens')} tokens in ({usage.get('cached_tokens')} "
                      f"cached), {usage.get('completion_tokens')} out")
     if outcome.get("finish_reason"):

@@ -126,7 +126,8 @@ def response_fields(response: ResponseSummary) -> Record:
         "usage": None if usage is None else {
             "prompt_tokens": usage.prompt_tokens,
             "completion_tokens": usage.completion_tokens,
-            "cached_tokens": usage.cached_tokens,
+            "cached_tokens": None if usage.estimated else usage.cached_tokens,
+            "source": "estimated" if usage.estimated else "engine",
         },
     }
 

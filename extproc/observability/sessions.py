@@ -27,7 +27,7 @@ def record_cost(record: Record, models: Mapping[str, Model]) -> float | None:
     """What the backend's reported usage of this turn cost (None: no usage reported)."""
     usage = (record.get("outcome") or {}).get("usage")
     model = models.get(record.get("model", ""))
-    if not usage or model is None:
+    if not usage or usage.get("source") == "estimated" or model is None:
         return None
     return turn_cost(model, Usage(usage["prompt_tokens"], usage["completion_tokens"],
                                   usage["cached_tokens"]))

@@ -229,14 +229,16 @@ class StandardFigures:
     def _used(self, state: _Request, genai: tuple[str, ...], usage: Record) -> None:
         state.usage = True
         m, objective = self._metrics, (state.model_name, state.target)
-        prompt, cached = int(usage["prompt_tokens"]), int(usage["cached_tokens"])
-        output = int(usage["completion_tokens"])
+        prompt, output = int(usage["prompt_tokens"]), int(usage["completion_tokens"])
+        cached = usage.get("cached_tokens")  # None: estimated usage, its cache unknown
         self._child(m.input_tokens, *objective).observe(prompt)
         self._child(m.output_tokens, *objective).observe(output)
-        self._child(m.cached_tokens, *objective).observe(cached)
+        if cached is not None:
+            self._child(m.cached_tokens, *objective).observe(int(cached))
         for kind, count in zip(TOKEN_TYPES, (prompt, cached, output), strict=True):
-            self._child(m.token_usage, *genai, kind).observe(count)
-            self._child(m.tokens, state.target, kind).inc(count)
+            if count is not None:
+                self._child(m.token_usage, *genai, kind).observe(int(count))
+                self._child(m.tokens, state.target, kind).inc(int(count))
 
     def _ended(self, state: _Request, genai: tuple[str, ...], seconds: float,
                status: int | None) -> None:

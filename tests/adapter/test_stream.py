@@ -126,17 +126,27 @@ async def test_json_answer_commits_with_its_ids_before_the_client_reads_it(repli
     assert (outcome["status"], outcome["finish_reason"]) == (200, "tool_calls")
 
 
-async def test_an_answer_that_cannot_carry_ids_commits_at_its_headers_unread(replica):
-    """No tools offered, a Chat request: nothing in the answer can bind the session, so its
-    body passes unread (one message fewer) and the turn commits with the status."""
+async def test_an_answer_that_cannot_carry_ids_commits_at_its_headers_and_is_read(replica):
+    """No tools offered, a Chat request: nothing in the answer can bind the session, so the
+    turn commits with the status; its body is still asked for, and what it carried (usage,
+    finish reason) is in the record before the reply lets Envoy pass it to the client, who
+    may look it up at once (the stream's end comes after)."""
     stream, meta = await routed_stream(replica, BODY)
     replay_id = meta["replay_id"].string_value
     reply = await stream.handle(response_headers("200", "application/json"))
-    assert not reply.HasField("mode_override")
+    assert reply.mode_override.response_body_mode == 2  # BUFFERED
     record = replica.session(replay_id)
     assert (record.model, record.turns, record.worker) == ("qwen3-32b", 1, None)
+    answer = orjson.dumps({"choices": [{"message": {"content": "done"}, "finish_reason": "stop"}],
+                           "usage": {"prompt_tokens": 9, "completion_tokens": 1}})
+    reply = await stream.handle(response_body(answer))
+    assert reply.HasField("response_body")
+    outcome = replica.replay.get(replay_id)["outcome"]
+    assert (outcome["status"], outcome["finish_reason"], outcome["usage"]) == (
+        200, "stop", {"prompt_tokens": 9, "completion_tokens": 1, "cached_tokens": 0,
+                      "source": "engine"})
     stream.close()
-    assert replica.replay.get(replay_id)["outcome"]["status"] == 200
+    assert "latency_ms" in replica.replay.get(replay_id)["outcome"]
 
 
 async def test_failed_upstream_does_not_commit_nor_read_the_body(replica):
@@ -298,7 +308,8 @@ async def test_the_read_envoys_reset_lands_on_is_not_cancelled(replica):
     reset does not cancel the read waiting for that end (grpc.aio leaks a read cancelled
     mid-batch); the handler itself still ends, and the turn with it."""
     envoy = await reset_after(replica, [headers_msg(CHAT), body_msg(BODY),
-                                        response_headers("200", "application/json")])
+                                        response_headers("200", "application/json"),
+                                        response_body(b'{"choices": []}')])
     assert envoy.cancelled_reads == 0
     loop, reported = asyncio.get_running_loop(), []
     loop.set_exception_handler(lambda _, context: reported.append(context["message"]))

@@ -68,6 +68,9 @@ def messages(result: str | None = None) -> bytes:
 
 CHAT_CALL = orjson.dumps({"choices": [{"message": {"tool_calls": [
     {"id": "call_1", "function": {"name": "t"}}]}, "finish_reason": "tool_calls"}]})
+CHAT_TEXT = orjson.dumps({"choices": [{"message": {"content": "done"}, "finish_reason": "stop"}],
+                          "usage": {"prompt_tokens": 30, "completion_tokens": 2,
+                                    "prompt_tokens_details": {"cached_tokens": 16}}})
 RESPONSE = orjson.dumps({"id": "resp_1", "output": [
     {"type": "message", "content": [{"type": "output_text", "text": "done"}]}]})
 TOOL_USE = orjson.dumps({"content": [{"type": "tool_use", "id": "toolu_1", "name": "t",
@@ -167,12 +170,14 @@ BUFFERED = {
         (ResponseBody(CHAT_CALL), ["apply commit,finish,claim", "continue response_body"]),
         (Closed(), []),
     ]),
-    "chat without tools: nothing to own, the answer passes unread": (CHAT, chat(tools=False), [
-        (RequestHeaders(CHAT), ["continue request_headers"]),
-        (RequestBody(chat(tools=False)), ROUTED),
-        (ResponseHeaders(200), ["apply commit", "continue response_headers"]),
-        (Closed(), []),
-    ]),
+    "chat without tools: committed at the status, the answer read for its usage": (
+        CHAT, chat(tools=False), [
+            (RequestHeaders(CHAT), ["continue request_headers"]),
+            (RequestBody(chat(tools=False)), ROUTED),
+            (ResponseHeaders(200), ["apply commit", "continue response_headers read"]),
+            (ResponseBody(CHAT_TEXT), ["apply finish,claim", "continue response_body"]),
+            (Closed(), []),
+        ]),
     "chat, streamed: committed at the status, the observe stream reads the rest": (
         CHAT, chat(stream=True), [
             (RequestHeaders(CHAT), ["continue request_headers"]),
@@ -220,7 +225,7 @@ def test_the_routing_stream(loop, case):
 # (the loop reads that end where Envoy's reset cannot cancel the read).
 CLOSING = {
     "chat, a JSON answer with a tool call": [False, False, False, True],
-    "chat without tools": [False, False, True],
+    "chat without tools": [False, False, False, True],
     "chat, streamed": [False, False, True],
     "responses": [False, False, False, True],
     "messages, a tool use": [False, False, False, True],
@@ -572,6 +577,88 @@ def test_a_sessions_final_request_forgets_it(loop):
     final = {**CHAT, "x-dynamo-session-final": "true"}
     loop(RequestHeaders(final))
     loop(RequestBody(chat(tools=False)))
-    assert loop(ResponseHeaders(200)) == ["apply commit", "continue response_headers"]
+    assert loop(ResponseHeaders(200)) == ["apply commit", "continue response_headers read"]
     assert loop(Closed()) == ["apply forget"]
     assert len(loop.store) == 0
+
+
+# -- what the answer carried, in its record --------------------------------------------------
+
+ENGINE_USAGE = {"prompt_tokens": 30, "completion_tokens": 2, "cached_tokens": 16,
+                "source": "engine"}
+CHAT_CALL_USED = orjson.dumps({**orjson.loads(CHAT_CALL), "usage": orjson.loads(CHAT_TEXT)[
+    "usage"]})
+RESPONSE_USED = orjson.dumps({**orjson.loads(RESPONSE), "status": "completed", "usage": {
+    "input_tokens": 30, "output_tokens": 2, "input_tokens_details": {"cached_tokens": 16}}})
+TOOL_USE_USED = orjson.dumps({**orjson.loads(TOOL_USE), "usage": {
+    "input_tokens": 14, "cache_read_input_tokens": 16, "output_tokens": 2}})
+ANSWERED = {
+    "chat without tools": (CHAT, chat(tools=False), CHAT_TEXT, "stop"),
+    "chat, a tool call": (CHAT, chat(), CHAT_CALL_USED, "tool_calls"),
+    "responses": (RESPONSES, responses(), RESPONSE_USED, "completed"),
+    "messages": (MESSAGES, messages(), TOOL_USE_USED, "tool_use"),
+}
+
+
+def outcome(loop: Loop, replay_id: str) -> dict:
+    return loop.parts.replay.get(replay_id).get("outcome") or {}
+
+
+@pytest.mark.parametrize("duplex", [False, True], ids=["buffered", "full duplex"])
+@pytest.mark.parametrize("case", list(ANSWERED))
+def test_a_json_answers_usage_is_recorded_before_the_client_gets_it(loop, case, duplex):
+    """A client may look its answer up by ``x-replay-id`` the moment it has it (a fast
+    upstream answers in a few ms): what the answer carried is recorded as its body passes the
+    processor, before the reply lets Envoy send it on, not when the stream ends later."""
+    headers, body, answer, finish = ANSWERED[case]
+    loop(RequestHeaders(headers, duplex=duplex, duplex_response=duplex))
+    loop(RequestBody(body))
+    routed = loop.exchange._routed
+    assert routed is not None
+    loop(ResponseHeaders(200))
+    passed = loop(ResponseBody(answer))
+    assert passed[-1] == ("chunk response_body end" if duplex else "continue response_body")
+    recorded = outcome(loop, routed.replay_id)
+    assert (recorded.get("usage"), recorded.get("finish_reason")) == (ENGINE_USAGE, finish)
+    loop(Closed())
+    recorded = outcome(loop, routed.replay_id)
+    assert (recorded["usage"], recorded["finish_reason"]) == (ENGINE_USAGE, finish)
+    assert "latency_ms" in recorded
+
+
+WORDS = sse({"choices": [{"delta": {"role": "assistant", "content": ""}}]},
+            {"choices": [{"delta": {"content": "Hello"}}]},
+            {"choices": [{"delta": {"content": " world"}, "finish_reason": "stop"}]})
+USAGE_CHUNK = orjson.dumps({"choices": [], "usage": {
+    "prompt_tokens": 30, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 16}}})
+
+
+@pytest.mark.parametrize("include_usage", [False, True])
+def test_a_streamed_answer_without_usage_is_recorded_with_an_estimate(loop, include_usage):
+    """Without ``stream_options.include_usage`` the engine sends no usage, and the client's
+    stream is left as it asked for it: the record gets the router's estimate, marked (the
+    prompt as the router counted it, 11 characters generated as 3 tokens, the cache
+    unknown); the session's memory keeps only what an engine reported."""
+    loop(RequestHeaders(CHAT))
+    loop(RequestBody(chat(stream=True, tools=False)))
+    routed = loop.exchange._routed
+    assert routed is not None
+    loop(ResponseHeaders(200, streamed=True))
+    loop.new()
+    loop(Observe(routed.turn, routed.api))
+    stream = WORDS[:-len(b"data: [DONE]\n\n")] + b"data: " + USAGE_CHUNK + b"\n\n" + (
+        b"data: [DONE]\n\n") if include_usage else WORDS
+    assert loop(ResponseBody(stream, end=False))[-1] == "done"
+    recorded = outcome(loop, routed.replay_id)
+    assert recorded["finish_reason"] == "stop"
+    memory = loop.store.record(routed.turn.session_key)
+    assert memory is not None
+    if include_usage:
+        assert recorded["usage"] == ENGINE_USAGE
+        assert memory.reported_prompt_tokens == 30
+    else:
+        assert recorded["usage"] == {
+            "prompt_tokens": routed.turn.context_tokens, "completion_tokens": 3,
+            "cached_tokens": None, "source": "estimated"}
+        assert routed.turn.context_tokens > 0
+        assert memory.reported_prompt_tokens == 0

@@ -281,7 +281,7 @@ def test_replay_record_has_outcome_and_cache_evidence(driver):
     routed = driver.send(chat(HARD), usage=Usage(100, 10, 60), finish_reason="stop")
     rec = driver.record(routed)
     assert rec["outcome"]["usage"] == {"prompt_tokens": 100, "completion_tokens": 10,
-                                       "cached_tokens": 60}
+                                       "cached_tokens": 60, "source": "engine"}
     assert rec["outcome"]["finish_reason"] == "stop"
     assert "storage" not in orjson.dumps(rec).decode()  # content-free
     assert driver.parts.replay.for_session("s1")[0]["replay_id"] == routed.replay_id

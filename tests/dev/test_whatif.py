@@ -24,9 +24,10 @@ def _body(*messages: dict) -> bytes:
     return orjson.dumps({"model": "auto", "messages": list(messages), "tools": TOOLS})
 
 
-def recorded(config: Config) -> list[dict]:
+def recorded(config: Config, *, estimated: bool = False) -> list[dict]:
     """A session: a hard task calls a tool; its result comes back beside a request to explain
-    (a drift the tool lock holds), then a light follow-up."""
+    (a drift the tool lock holds), then a light follow-up. ``estimated``: the answers report
+    no usage (streams whose client did not ask for it), so the records hold estimates."""
     clock = FakeClock()
     parts = assemble(config, clock=clock)
     driver = LocalDriver(parts.router)
@@ -34,7 +35,8 @@ def recorded(config: Config) -> list[dict]:
     ask = {"role": "user", "content": "Refactor the parser, then run the tests."}
     result = {"role": "tool", "tool_call_id": "call_1", "content": "12 passed"}
     explain = {"role": "user", "content": "Also explain the failing case."}
-    usage = Usage(prompt_tokens=900, completion_tokens=40, cached_tokens=0)
+    usage = None if estimated else Usage(prompt_tokens=900, completion_tokens=40,
+                                         cached_tokens=0)
     steps = [
         (_body(ask), ResponseSummary(status=200, tool_call_ids=["call_1"],
                                      tool_names=["run_tests"], usage=usage)),
@@ -44,6 +46,7 @@ def recorded(config: Config) -> list[dict]:
          ResponseSummary(status=200, usage=usage)),
     ]
     for raw, answer in steps:
+        answer.output_chars, answer.finish_reason = 160, "stop"
         routed = driver.route(Api.CHAT, headers, raw)
         clock.advance(1.5)
         driver.respond(routed, answer)
@@ -83,3 +86,14 @@ def test_prices_change_the_cost_and_missing_decisions_are_named(config):
     summary = what_if(records, fewer)
     assert summary["missing_decisions"] == ["light_tasks"]
     assert summary["total"]["what_if"]["switches"] == 0, "no drift without the light decision"
+
+
+def test_estimated_usage_is_replayed_as_the_live_memory_kept_it(config):
+    """An estimate (its cache unknown) was never the engine's report: the live memory kept no
+    usage of it, and neither does the replay."""
+    records = recorded(config, estimated=True)
+    assert {r["outcome"]["usage"]["source"] for r in records} == {"estimated"}
+    assert {r["outcome"]["usage"]["completion_tokens"] for r in records} == {40}
+    total = what_if(records, config)["total"]
+    assert total["changed_turns"] == 0
+    assert total["recorded"] == total["what_if"]

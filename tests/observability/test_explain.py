@@ -72,6 +72,11 @@ WORKER = {"picked": "10.0.0.5:8000", "pinned": None, "fallbacks": ["10.0.0.6:800
                   "tool_names": ["bash"]}},
      ["outcome  HTTP 200, served by 10.0.0.5:8000, 812.5 ms, 12000 tokens in (11000 cached), "
       "40 out, finish tool_calls, called bash"], []),
+    ({"outcome": {"status": 200, "usage": {"prompt_tokens": 300, "cached_tokens": None,
+                                           "completion_tokens": 20, "source": "estimated"},
+                  "finish_reason": "stop"}},
+     ["outcome  HTTP 200, ~300 tokens in, ~20 out (estimated: the engine reported none), "
+      "finish stop"], []),
     ({"outcome": {"status": 200, "latency_ms": 900.0, "first_chunk_ms": 120.5}},
      ["outcome  HTTP 200, 900.0 ms, first token at 120.5 ms"], []),
     ({"base": None, "reason": "physical_model", "decision": "direct", "previous_model": None,

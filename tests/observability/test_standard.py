@@ -89,6 +89,16 @@ OK = {"status": 200, "served_worker": "10.0.0.1:8000"}
          ("saar_tokens_total", (("model", "m-large"), ("type", "output"))): 100,
          ("gen_ai_client_token_usage_count", (("gen_ai_token_type", "output"),)): 1},
         0, id="usage-after-the-end-counted-once"),
+    pytest.param(  # a stream whose client asked for no usage: the router's estimate
+        [("put", record(8, stream=True)), ("rp-8", OK), ("rp-8", {"latency_ms": 1000}),
+         ("rp-8", {"usage": {"prompt_tokens": 300, "completion_tokens": 20,
+                             "cached_tokens": None, "source": "estimated"}})],
+        {("inference_objective_input_tokens_sum", ()): 300,
+         ("inference_objective_output_tokens_sum", ()): 20,
+         ("inference_objective_prompt_cached_tokens_count", ()): None,
+         ("gen_ai_client_token_usage_count", (("gen_ai_token_type", "cached_input"),)): None,
+         ("saar_tokens_total", (("model", "m-large"), ("type", "input"))): 300},
+        0, id="estimated-usage-its-cache-unknown"),
     pytest.param(  # the upstream failed
         [("put", record(3)), ("rp-3", {"status": 503, "served_worker": None}),
          ("rp-3", {"latency_ms": 10})],
