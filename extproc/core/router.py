@@ -117,7 +117,8 @@ class Routed:
     """A hard lock kept the session on its model (and its issuer's worker)."""
     reads_answer: bool = True
     """The answer may carry ids the router must own (tool calls, a response id, provider
-    state): its body is read as it passes."""
+    state): a JSON answer's commit waits for its body, written with their claims (every JSON
+    answer's body is read, for its usage and finish reason)."""
     fresh: bool = False
     """The session had no record: if this turn is never answered, nothing of it is kept."""
     arrival: Arrival | None = None
