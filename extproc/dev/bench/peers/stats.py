@@ -33,7 +33,8 @@ class Overhead:
     """A router's cost measured on a tiny streamed request, once a round."""
 
     added_p50_ms_c1: float
-    """Its p50 at concurrency 1 less the same request's sent straight to a worker."""
+    """At concurrency 1, the median over pairs of its latency less the same request's sent
+    straight to a worker just before."""
     rps_c16: float
     cpu_ms_per_req_c16: float
     """Its processes' user + system CPU over the requests at concurrency 16."""

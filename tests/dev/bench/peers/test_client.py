@@ -8,7 +8,7 @@ import asyncio
 from aiohttp import web
 
 from extproc.dev.bench.peers.backends import prefix_counters
-from extproc.dev.bench.peers.client import Target, closed_loop, run_workload
+from extproc.dev.bench.peers.client import Target, added_latency, closed_loop, run_workload
 from extproc.dev.bench.peers.workloads import Shape, TraceShape, build
 from extproc.dev.sim.server import SIMULATOR, SimConfig, build_app
 
@@ -49,6 +49,8 @@ async def test_a_workload_runs_as_an_agent_would():
         text = sim.metrics.render().decode()
         hits, queries = prefix_counters(text)
         assert queries > 0 and hits / queries > 0.5  # every turn resends the one before
+        added, failed = await added_latency(target, target, pairs=10, warmup=1)
+        assert failed == 0 and abs(added) < 20  # the same server both ways
         ok, failed, elapsed = await closed_loop(target, 4, 0.2)
         assert ok > 0 and failed == 0 and elapsed >= 0.2
     finally:
