@@ -592,7 +592,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="requests per agent session (trace sessions: half)")
     peers.add_argument("--rounds", type=_positive, default=peers_defaults.rounds,
                        help="every router's turn this many times, the order rotated")
-    peers.add_argument("--seed", type=int, default=peers_defaults.seed)
+    peers.add_argument("--seed", type=int, default=peers_defaults.seed,
+                       help="draws the sessions (each round its own from it)")
     peers.add_argument("--oversubscription", type=float,
                        default=peers_defaults.oversubscription,
                        help="live context over the pool's KV in the oversubscribed workload")

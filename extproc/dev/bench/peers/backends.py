@@ -10,6 +10,10 @@ To plug in a backend (``vllm``, ``dynamo``): a class with ``name`` and ``pool(wo
 registered in ``BACKENDS``; a backend whose workers are not OpenAI servers of their own
 (Dynamo's mockers behind its frontend) also gives ``routers(names)``, the routers that run
 in front of it (its own, and saar choosing the worker), else the runner uses the standard set.
+Two real vLLM servers (``engines.vllm.vllm_pool``) make a ``Pool`` of their URLs and served
+name, ``metrics_counters`` over them, their KV from ``kv_tokens`` (``vllm:cache_config_info``)
+and a reset that empties their prefix caches (``POST /reset_prefix_cache``, which vLLM serves
+under ``VLLM_SERVER_DEV_MODE=1``) or restarts them on the same ports.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Protocol
 from prometheus_client.parser import text_string_to_metric_families
 
 from ...harness import Service, free_port, wait_http
+from .settings import Settings
 
 HITS = "vllm:prefix_cache_hits"
 QUERIES = "vllm:prefix_cache_queries"
@@ -84,6 +89,19 @@ def prefix_counters(text: str) -> tuple[float, float]:
     return totals[HITS], totals[QUERIES]
 
 
+def kv_tokens(text: str) -> int | None:
+    """A worker's KV in tokens from its ``vllm:cache_config_info`` (``num_gpu_blocks`` ×
+    ``block_size``), or None when it does not say."""
+    for family in text_string_to_metric_families(text):
+        if family.name == "vllm:cache_config_info":
+            for sample in family.samples:
+                blocks, size = sample.labels.get("num_gpu_blocks"), sample.labels.get(
+                    "block_size")
+                if blocks and size and blocks.isdigit() and size.isdigit():
+                    return int(blocks) * int(size)
+    return None
+
+
 def _post(url: str, timeout_s: float = 10.0) -> None:
     request = urllib.request.Request(url, data=b"{}", method="POST",
                                      headers={"content-type": "application/json"})
@@ -133,7 +151,11 @@ class SimBackend:
                 service.close()
 
 
-BACKENDS: dict[str, Callable[..., Backend]] = {"sim": SimBackend}
-"""Backend name → its factory (keyword arguments: ``workers``). ``vllm`` (two real vLLM
-instances, ``extproc/dev/engines/vllm.py``) and ``dynamo`` (Dynamo's frontend and mockers,
+def _sim(settings: Settings) -> Backend:
+    return SimBackend(workers=settings.workers)
+
+
+BACKENDS: dict[str, Callable[[Settings], Backend]] = {"sim": _sim}
+"""Backend name → its factory, given the run's settings. ``vllm`` (two real vLLM instances,
+``extproc/dev/engines/vllm.py``) and ``dynamo`` (Dynamo's frontend and mockers,
 ``extproc/dev/engines/dynamo.py``) plug in here as their engines land."""

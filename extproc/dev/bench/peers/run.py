@@ -17,9 +17,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -225,8 +226,7 @@ def make_backend(settings: Settings) -> Backend:
     if settings.backend not in BACKENDS:
         raise SystemExit(f"backend {settings.backend!r} is not wired in yet (known: "
                          f"{', '.join(KNOWN)}; available: {', '.join(BACKENDS)})")
-    factory: Callable[..., Backend] = BACKENDS[settings.backend]
-    return factory(workers=settings.workers)
+    return BACKENDS[settings.backend](settings)
 
 
 def main(settings: Settings, *, as_json: bool) -> int:
@@ -238,8 +238,11 @@ def main(settings: Settings, *, as_json: bool) -> int:
     routers: list[Router] = (list(own(settings.routers)) if callable(own)
                              else [standard(name) for name in settings.routers])
     rows = read_trace(settings.trace) if settings.trace else None
+    load = os.getloadavg()[0]
     with _workdir(settings.workdir) as workdir:
         doc = report(run(settings, backend, routers, workdir, rows))
+    print(f"{os.cpu_count()} cores; load average {load:.1f} at the start, "
+          f"{os.getloadavg()[0]:.1f} at the end", flush=True)
     print(table(doc), flush=True)
     if as_json:
         print(json.dumps(doc), flush=True)

@@ -7,7 +7,7 @@ import asyncio
 
 from aiohttp import web
 
-from extproc.dev.bench.peers.backends import prefix_counters
+from extproc.dev.bench.peers.backends import kv_tokens, prefix_counters
 from extproc.dev.bench.peers.client import Target, added_latency, closed_loop, run_workload
 from extproc.dev.bench.peers.workloads import Shape, TraceShape, build
 from extproc.dev.sim.server import SIMULATOR, SimConfig, build_app
@@ -21,11 +21,16 @@ vllm:prefix_cache_queries_total{engine="1",model_name="tiny"} 800.0
 # TYPE vllm:prefix_cache_hits_total counter
 vllm:prefix_cache_hits_total{engine="0",model_name="tiny"} 1024.0
 vllm:prefix_cache_hits_created{engine="0",model_name="tiny"} 1.7e9
+# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="128",enable_prefix_caching="True",num_gpu_blocks="2048"} 1.0
 """
 
 
 def test_counters_are_read_as_vllm_names_them():
     assert prefix_counters(VLLM_METRICS) == (1024.0, 2000.0)
+    assert kv_tokens(VLLM_METRICS) == 2048 * 128
+    assert kv_tokens("") is None
 
 
 async def test_a_workload_runs_as_an_agent_would():
@@ -48,6 +53,7 @@ async def test_a_workload_runs_as_an_agent_would():
         sim = app[SIMULATOR]
         text = sim.metrics.render().decode()
         hits, queries = prefix_counters(text)
+        assert kv_tokens(text) == SimConfig().num_gpu_blocks * SimConfig().block_size
         assert queries > 0 and hits / queries > 0.5  # every turn resends the one before
         added, failed = await added_latency(target, target, pairs=10, warmup=1)
         assert failed == 0 and abs(added) < 20  # the same server both ways
