@@ -63,6 +63,9 @@ def test_validation_names_file_and_key(example_data, mutate, message):
          "scheduling.scorers.prefix: must be greater than or equal to 0, got -3"),
         (lambda d: d.setdefault("scheduling", {}).update(scrape_interval_seconds=0),
          "scheduling.scrape_interval_seconds: must be greater than or equal to 0.01, got 0"),
+        (lambda d: d.setdefault("scheduling", {}).update(scrape_idle_interval_seconds=0.001),
+         "scheduling.scrape_idle_interval_seconds: must be greater than or equal to 0.01, got "
+         "0.001"),
         (lambda d: d.setdefault("scheduling", {}).update(
             admission={"pause_threshold": 0.7, "resume_target": 0.8}),
          "scheduling.admission.pause_threshold: must be above resume_target (0.8)"),

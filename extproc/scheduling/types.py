@@ -37,6 +37,9 @@ class Worker:
     max_lora: int | None = None
     """Adapters it batches at once (vLLM ``--max-loras``); None: not reported."""
     in_flight: int = 0
+    routed: int = 0
+    """Requests the router started or finished on it, ever: the scrape pacer reads a worker
+    soon after this moves (``pacing``)."""
     since_scrape: int = 0
     """Requests the router started on it less those it finished since the last scrape."""
     scraped_at: float | None = None

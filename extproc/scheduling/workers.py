@@ -10,7 +10,7 @@ router's own in-flight count instead.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ class WorkerRegistry:
         self._pools: dict[str, dict[str, Worker]] = {}
         self._sources: dict[str, Mapping[str, tuple[WorkerSpec, ...]]] = {}
         """Workers from elsewhere than the config: the workers file, Kubernetes discovery."""
+        self._listeners: list[Callable[[], None]] = []
         self._rebuild()
 
     def pool(self, model: str) -> list[Worker]:
@@ -84,13 +85,22 @@ class WorkerRegistry:
             worker.since_scrape = 0
         return True
 
+    def on_started(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` (on the caller's thread) each time the router starts a request on
+        a worker: the scrape loop, asleep while every worker is idle, wakes to read it."""
+        self._listeners.append(listener)
+
     def started(self, address: str) -> None:
         for worker in self._workers(address):
             worker.in_flight += 1
             worker.since_scrape += 1
+            worker.routed += 1
+        for listener in self._listeners:
+            listener()
 
     def finished(self, address: str) -> None:
         for worker in self._workers(address):
+            worker.routed += 1
             if worker.in_flight:
                 worker.in_flight -= 1
                 worker.since_scrape -= 1

@@ -1,6 +1,6 @@
 """The service's background work, each loop a named task that is kept and stopped on shutdown:
-scraping workers' ``/metrics`` (then dispatching flow control's queues), ticking session-aware
-admission, reloading the workers file,
+scraping workers' ``/metrics`` when the pacer says they are due (then dispatching flow
+control's queues), ticking session-aware admission, reloading the workers file,
 (precise prefix mode) subscribing to the workers' KV events and a shared pool's, and delivering
 KV hints to the workers. All I/O is async; the core objects they feed stay synchronous."""
 
@@ -19,6 +19,7 @@ from ..config import Config
 from ..observability.metrics import Metrics
 from ..scheduling.kv_events import PreciseKVIndex
 from ..scheduling.kv_hints import HINTS_PATH, KvHint, by_worker, encode_hints
+from ..scheduling.pacing import Pace, ScrapePacer
 from ..scheduling.placement import Pools
 from ..scheduling.prefix_index import ApproximatePrefixIndex
 from ..types import Clock
@@ -27,6 +28,9 @@ from .kv_subscriber import KVEventSubscriber, SharedPoolSubscriber, ZmqFeed
 log = logging.getLogger(__name__)
 
 WATCH_SECONDS = 1.0
+FLOW_TICK_SECONDS = 0.05
+"""With flow control on, its queues are dispatched at least this often while requests are
+queued or in flight (a finished request frees room before any scrape shows it)."""
 SHARED_POOL = "shared-pool"
 """The shared pool's feed among the subscribers (keyed by worker address otherwise)."""
 
@@ -46,6 +50,10 @@ class Background:
         self._mtime: float | None = None
         self._hints = metrics.kv_hints
         self._hints_dropped = 0
+        scheduling = config.scheduling
+        self._pacer = ScrapePacer(Pace.of(scheduling.scrape_interval_seconds,
+                                          scheduling.scrape_idle_interval_seconds,
+                                          scheduling.staleness_seconds), clock=clock)
 
     def start(self) -> None:
         scheduling = self._config.scheduling
@@ -54,7 +62,10 @@ class Background:
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=max(0.5, scheduling.staleness_seconds))
         )
-        self._spawn("scrape-workers", self._scrape, scheduling.scrape_interval_seconds)
+        routed = asyncio.Event()
+        self._pools.registry.on_started(routed.set)
+        self._tasks.append(asyncio.create_task(self._paced_scrapes(routed),
+                                               name="scrape-workers"))
         if scheduling.admission.enabled:
             self._spawn("admission-tick", self._tick, scheduling.admission.tick_seconds)
         if scheduling.workers_file:
@@ -92,9 +103,43 @@ class Background:
 
         self._tasks.append(asyncio.create_task(loop(), name=name))
 
+    async def _paced_scrapes(self, routed: asyncio.Event) -> None:
+        """Read the workers the pacer says are due, then sleep until the next is. Every wake
+        of the processor's event loop costs CPU (about 0.25 ms), so an idle pool is not
+        polled: while no worker is due before the idle pace, the loop sleeps until ``routed``
+        says the router started a request, or the idle pace ends (a worker that joined the
+        pool is read then)."""
+        pace = self._pacer.pace
+        while True:
+            delay = pace.busy_seconds
+            try:
+                await self._scrape()
+                delay = self._next_scrape()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("background task scrape-workers failed; retrying")
+            if delay <= pace.busy_seconds:
+                await asyncio.sleep(delay)
+                continue
+            routed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(routed.wait(), delay)
+
+    def _next_scrape(self) -> float:
+        """Seconds until the next worker is due, at most the idle pace; with flow control on,
+        at most ``FLOW_TICK_SECONDS`` while requests are queued or in flight."""
+        workers, flow = self._pools.scrape_workers(), self._pools.flow
+        delay = min(self._pacer.wait(workers), self._pacer.pace.idle_seconds)
+        if flow.enabled and (flow.queued() or any(w.in_flight for w in workers)):
+            delay = min(delay, FLOW_TICK_SECONDS)
+        return delay
+
     async def _scrape(self) -> None:
-        targets = self._pools.scrape_targets()
-        await asyncio.gather(*(self._scrape_one(a, url) for a, url in targets.items() if url))
+        due = self._pacer.due(self._pools.scrape_workers())
+        if due:
+            await asyncio.gather(*(self._scrape_one(w.address, w.metrics_url)
+                                   for w in due if w.metrics_url))
         if self._pools.flow.enabled:
             self._dispatch()
 

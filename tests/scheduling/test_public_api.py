@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-import sys
+import importlib
 
 import extproc.scheduling as scheduling
 
@@ -19,8 +19,8 @@ def test_the_public_surface_is_pinned() -> None:
 
 def test_the_core_imports_neither_grpc_nor_asyncio() -> None:
     for name in ("admission", "affinity", "cost", "filters", "kv_hints", "picker",
-                 "prefix_index", "scheduler", "scorers", "session_prefix", "sessions",
+                 "pacing", "prefix_index", "scheduler", "scorers", "session_prefix", "sessions",
                  "shared_pool", "signals", "types", "workers"):
-        module = sys.modules[f"extproc.scheduling.{name}"]
+        module = importlib.import_module(f"extproc.scheduling.{name}")
         source = open(module.__file__ or "").read()  # noqa: SIM115
         assert "import asyncio" not in source and "grpc" not in source, name

@@ -109,7 +109,9 @@ def _not_stored(response_id: str) -> web.Response:
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    body = request.app[SIMULATOR].metrics.render()
+    sim = request.app[SIMULATOR]
+    sim.scrapes += 1
+    body = sim.metrics.render()
     return web.Response(body=body, headers={"content-type": CONTENT_TYPE_LATEST})
 
 

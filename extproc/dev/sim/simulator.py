@@ -116,6 +116,8 @@ class Simulator:
         self.fail_every = cfg.fail_every
         self.fail_next = 0
         self.requests = 0
+        self.scrapes = 0
+        """``GET /metrics`` answered, ever (what a router's scrape pacing costs this server)."""
         self.last_request_headers: dict[str, str] = {}
         self.running = 0
         self.waiting = 0
@@ -480,6 +482,7 @@ class Simulator:
             "model": self.cfg.model,
             "served_names": list(self.cfg.served_names),
             "requests": self.requests,
+            "scrapes": self.scrapes,
             "last_request_headers": self.last_request_headers,
             "running": self.running,
             "waiting": self.waiting,
