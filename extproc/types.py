@@ -105,6 +105,8 @@ class RequestSummary:
     stream: bool
     message_count: int
     context_tokens: int
+    """The prompt's size in tokens: the model's own count when ``context_counted``, else an
+    estimate from the body's bytes."""
     tools_offered: tuple[str, ...] = ()
     tool_call_ids: tuple[str, ...] = ()
     tool_result_ids: tuple[str, ...] = ()
@@ -122,6 +124,9 @@ class RequestSummary:
     task_marks: tuple[str, ...] = ()
     """A first request's: the marks of its first user message's text (``apis.task_marks``),
     the task a tool call of another session may have given it."""
+    context_counted: bool = False
+    """``context_tokens`` came from the model's tokenizer and chat template: a context over
+    every candidate's window is refused, never sent for the engine to refuse."""
     may_issue: bool = True
     """The answer may carry ids the router must own: tools are offered (a call may come back),
     the API issues response ids (Responses), or signed thinking was asked for (Messages)."""

@@ -225,7 +225,8 @@ class Router:
         prompt = Prompt(summary, preambles=self._preambles, limit=self.pools.render_limit)
         self.pools.prepare(prompt)
         if prompt.counted and prompt.tokens is not None:  # the model's count, not an estimate
-            summary = prompt.request = replace(summary, context_tokens=len(prompt.tokens))
+            summary = prompt.request = replace(summary, context_tokens=len(prompt.tokens),
+                                               context_counted=True)
         parsed = time.perf_counter()
         identity = self.identity.read(headers, summary)
         tenant = identity.tenant

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ..config import Config, Decision, Model, Rules
+from ..errors import ContextTooLong
 from ..types import RequestSummary
 
 PRICE_WEIGHT = 0.35
@@ -87,9 +88,15 @@ class HybridSelector:
         rules = decision.rules
         topical = matched and bool(rules.keywords or rules.regex)
         names = [ref.model for ref in decision.modelRefs]
-        # A model whose window the context does not fit is no candidate (if none fits, all stay:
-        # the backends will say so better than we can).
+        # A model whose window the context does not fit is no candidate. If none fits, a
+        # context the model's tokenizer counted is refused here; an estimated one goes on (the
+        # backends will say so better than an estimate can).
         fits = [n for n in names if self._models[n].context_window >= request.context_tokens]
+        if not fits and request.context_counted:
+            largest = max(self._models[n].context_window for n in names)
+            raise ContextTooLong(
+                f"the context ({request.context_tokens} tokens) exceeds the window of every "
+                f"model of decision {decision.name!r} (largest {largest}); shorten or compact it")
         names = fits or names
         scores = hybrid_scores({n: self._models[n] for n in names}, difficulty)
         ranked = sorted(scores.values(), reverse=True)

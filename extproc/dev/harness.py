@@ -23,7 +23,7 @@ import tempfile
 import time
 import urllib.request
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -408,6 +408,7 @@ def _start_sims(
     kv_events_tokenizer: Path | None,
     spawn: Callable[[str, Sequence[str], Callable[[subprocess.Popen[bytes]], None]], Service],
     roles: Sequence[str] = (),
+    skip: frozenset[str] = frozenset(),
 ) -> dict[str, list[str]]:
     """Start ``workers_per_model`` simulators per model and write them into ``config``; with
     ``roles`` (one per worker), that many, each playing its role (``prefill``, ``decode``,
@@ -418,7 +419,7 @@ def _start_sims(
         if model.get("base"):
             adapters.setdefault(model["base"], []).append(name)
     for model_name, model in config["models"].items():
-        if model.get("base"):
+        if model.get("base") or model_name in skip:
             continue
         workers = []
         lora = [arg for name in adapters.get(model_name, ()) for arg in ("--lora-module", name)]
@@ -460,6 +461,7 @@ def run_stack(
     replicas: int = 1,
     store: str | None = None,
     processor_tls: ProcessorTls | None = None,
+    engines: Mapping[str, Sequence[Mapping[str, str]]] | None = None,
 ) -> Iterator[Stack]:
     """Start sims, a store (``store``: a ``store_server`` kind), the processor replicas
     and Envoy; stop them after.
@@ -471,6 +473,8 @@ def run_stack(
     file and publishes vLLM KV events on a port of its own, and the processor subscribes.
     ``replicas`` processors share their state through the store (give one).
     ``processor_tls`` is how Envoy verifies processors that serve TLS (``server.tls``).
+    ``engines`` gives models real servers already running (model → its workers, as config
+    ``workers`` entries): no simulator is started for them, and ``sims`` leaves them out.
     """
     tmp = Path(workdir or tempfile.mkdtemp(prefix="saar-stack-"))
     tmp.mkdir(parents=True, exist_ok=True)
@@ -493,7 +497,11 @@ def run_stack(
             store_service.start()
             config["state"] = {**config.get("state", {}), "store": "redis",
                                "redis_url": store_url}
-        sims = _start_sims(config, workers_per_model, sim_args, kv_events_tokenizer, spawn)
+        for name, workers in (engines or {}).items():
+            config["models"][name].pop("endpoints", None)
+            config["models"][name]["workers"] = [dict(w) for w in workers]
+        sims = _start_sims(config, workers_per_model, sim_args, kv_events_tokenizer, spawn,
+                           skip=frozenset(engines or ()))
         if kv_events_tokenizer is not None:
             prefix = config.setdefault("scheduling", {}).setdefault("prefix", {})
             prefix.update({"mode": "precise", "tokenizer": str(kv_events_tokenizer)})

@@ -388,6 +388,17 @@ class Pools:
         return [w for model in self._models
                 for w in (self.registry.pool(model) if everyone else self._scored_pool(model))]
 
+    def view(self) -> list[dict[str, object]]:
+        """Every worker as the router sees it now (the admin's ``GET /v1/workers``)."""
+        count = self.index.block_count if isinstance(self.index, PreciseKVIndex) else None
+        return [{
+            "model": w.model, "address": w.address, "running": w.running, "waiting": w.waiting,
+            "kv_usage": w.kv_usage, "block_size": w.block_size, "num_blocks": w.num_blocks,
+            "in_flight": w.in_flight, "requests": w.requests, "scraped_at": w.scraped_at,
+            "stale": w.stale, "healthy": w.healthy,
+            "indexed_blocks": None if count is None else count(w.address),
+        } for w in self.all_workers()]
+
     def all_workers(self) -> list[Worker]:
         return [w for model in self._models for w in self.registry.pool(model)]
 

@@ -7,6 +7,9 @@ surfaces behind ``AdminAuth``: the replay API, session lists and timelines, and 
                                           shared store, else this replica's
     GET  /v1/timeline?session_id=S[&tenant=T]  Chrome trace-event JSON of the session and
                                           its sub-agents
+    GET  /v1/workers                      the router's view of every worker (admin only): the
+                                          load it scraped, what it routed there, the KV blocks
+                                          the precise index holds for it
     GET  /ui[#rp-...]                     the web view (a sign-in form until signed in); a replay
                                           id after ``#`` opens that decision
     POST /ui/login, /ui/logout            set or clear the web view's cookie
@@ -95,6 +98,12 @@ async def _timeline(request: web.Request, caller: Caller) -> web.Response:
     return web.json_response(timeline(records))
 
 
+async def _workers(request: web.Request, caller: Caller) -> web.Response:
+    if not caller.admin:
+        return web.json_response({"error": "the worker view is the admin's"}, status=403)
+    return web.json_response({"workers": request.app[PARTS_KEY].pools.view()})
+
+
 async def _ui(request: web.Request, caller: Caller) -> web.Response:
     who = "admin: every tenant" if caller.admin else f"tenant {caller.tenant}"
     page = (_UI / "index.html").read_text().replace("{{who}}", html.escape(who))
@@ -159,6 +168,7 @@ def build_http_app(parts: Parts, telemetry: Telemetry) -> web.Application:
     app.router.add_get("/v1/replay/{replay_id}", _admin(_replay_one))
     app.router.add_get("/v1/sessions", _admin(_sessions))
     app.router.add_get("/v1/timeline", _admin(_timeline))
+    app.router.add_get("/v1/workers", _admin(_workers))
     app.router.add_get("/ui", _admin(_ui, page=True))
     app.router.add_post("/ui/login", _login)
     app.router.add_post("/ui/logout", _logout)

@@ -43,8 +43,10 @@ def file_problems(config: Config) -> list[str]:
     scheduling = config.scheduling
     if scheduling.workers_file:
         problems += _readable("scheduling.workers_file", scheduling.workers_file)
-    if scheduling.prefix.mode == "precise" and scheduling.prefix.tokenizer:
-        problems += _readable("scheduling.prefix.tokenizer", scheduling.prefix.tokenizer)
+    if scheduling.prefix.tokenizer:
+        where = Path(scheduling.prefix.tokenizer)
+        problems += _readable("scheduling.prefix.tokenizer",
+                              str(where / "tokenizer.json" if where.is_dir() else where))
     for key in ("jsonl_path", "mooncake_trace_path"):
         path = getattr(config.replay, key)
         if path:

@@ -34,3 +34,27 @@ def test_which_decision_a_turn_matches(session_config, text, tokens, decision, t
     choice = selector.select(turn(text, tokens), {}, default="agentic_routing")
     assert choice.topical is topical
     assert choice.decision == (decision or "agentic_routing")
+
+
+@pytest.mark.parametrize(
+    ("tokens", "counted", "outcome"),
+    [
+        (131_072, True, "served"),  # fits the window exactly
+        (131_073, True, "refused"),  # the model's own count: refused before any engine sees it
+        (131_073, False, "served"),  # an estimate: the engine says better than a guess
+    ],
+)
+def test_a_counted_context_over_every_window_is_refused(session_config, tokens, counted,
+                                                        outcome):
+    from dataclasses import replace
+
+    from extproc.errors import ContextTooLong
+
+    request = replace(turn("continue", tokens), context_counted=counted)
+    selector = HybridSelector(session_config)
+    try:
+        choice = selector.select(request, {}, default="agentic_routing")
+    except ContextTooLong as refused:
+        assert outcome == "refused" and "131072" in str(refused)
+    else:
+        assert outcome == "served" and choice.model in session_config.models

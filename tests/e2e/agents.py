@@ -50,6 +50,10 @@ class Agent:
     model: str = "auto"
     task: str = HARD
     """The first turn's user message (a long one makes a long first prefill)."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """More arguments for every create call (``tool_choice``, ``max_tokens``...)."""
+    tools: list[dict[str, Any]] | None = None
+    """The tools offered (None: the API's ``run_tests``)."""
 
     def __post_init__(self) -> None:
         """Each API's agent makes its SDK client here."""
@@ -88,7 +92,8 @@ class ChatAgent(Agent):
         else:
             self.messages.append({"role": "user", "content": self.task})
         raw = self.client.chat.completions.with_raw_response.create(
-            model=self.model, messages=self.messages, tools=[TOOL], stream=self.stream,
+            model=self.model, messages=self.messages, tools=self.tools or [TOOL],
+            stream=self.stream, **self.options,
             **({"stream_options": {"include_usage": True}} if self.stream else {}))
         served = self._served(raw.headers, continues)
         calls, text = self._read(raw.parse())
@@ -142,7 +147,8 @@ class ResponsesAgent(Agent):
             items = [{"type": "message", "role": "user", "content": self.task}]
         extra = {"previous_response_id": self.previous} if self.previous else {}
         raw = self.client.responses.with_raw_response.create(
-            model=self.model, input=items, tools=[RESPONSES_TOOL], stream=self.stream, **extra)
+            model=self.model, input=items, tools=self.tools or [RESPONSES_TOOL],
+            stream=self.stream, **extra, **self.options)
         served = self._served(raw.headers, self.previous)
         response = raw.parse()
         if self.stream:
@@ -171,8 +177,8 @@ class MessagesAgent(Agent):
         else:
             self.messages.append({"role": "user", "content": self.task})
         raw = self.client.messages.with_raw_response.create(
-            model=self.model, max_tokens=64, messages=self.messages, tools=[MESSAGES_TOOL],
-            stream=self.stream)
+            model=self.model, messages=self.messages, tools=self.tools or [MESSAGES_TOOL],
+            stream=self.stream, **{"max_tokens": 64, **self.options})
         served = self._served(raw.headers, continues)
         blocks = self._read(raw.parse())
         self.pending = [b["id"] for b in blocks if b["type"] == "tool_use"]
@@ -183,7 +189,7 @@ class MessagesAgent(Agent):
 
     def _read(self, parsed: Any) -> list[dict[str, Any]]:
         if not self.stream:
-            return [b.model_dump(exclude_none=True) for b in parsed.content]
+            return [_object_input(b.model_dump(exclude_none=True)) for b in parsed.content]
         blocks: list[dict[str, Any]] = []
         for event in parsed:
             if event.type == "content_block_start":
@@ -194,8 +200,19 @@ class MessagesAgent(Agent):
                 blocks[-1]["_json"] = blocks[-1].get("_json", "") + event.delta.partial_json
         for block in blocks:
             if block["type"] == "tool_use":
-                block["input"] = json.loads(block.pop("_json", "") or "{}")
-        return blocks
+                try:
+                    block["input"] = json.loads(block.pop("_json", "") or "{}")
+                except ValueError:
+                    block["input"] = {}
+        return [_object_input(b) for b in blocks]
+
+
+def _object_input(block: dict[str, Any]) -> dict[str, Any]:
+    """A tool call's input as Anthropic's API guarantees it, an object: a random-weight model
+    behind vLLM may emit any JSON there, which vLLM then refuses to take back."""
+    if block.get("type") == "tool_use" and not isinstance(block.get("input"), dict):
+        block["input"] = {}
+    return block
 
 
 KINDS = (ChatAgent, ResponsesAgent, MessagesAgent)

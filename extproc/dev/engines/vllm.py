@@ -184,7 +184,8 @@ def vllm_pool(count: int, workdir: Path, *, ports: Sequence[int], name: str = "t
             bind = str(core) if core is not None else "all"
             env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=bind,
                        VLLM_LOGGING_LEVEL="WARNING", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-                       VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", PYTHONHASHSEED="0")
+                       VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", PYTHONHASHSEED="0",
+                       VLLM_ENABLE_RESPONSES_API_STORE="1")
             argv = serve_argv(python, model_dir, name=name, port=ports[i],
                               kv_cache_bytes=kv_cache_bytes, max_model_len=max_model_len,
                               kv_events=events)
