@@ -84,7 +84,8 @@ def test_validation_names_file_and_key(example_data, mutate, message):
         (lambda d: d["models"]["qwen3-8b"].update(endpoints=["no-port"]),
          "models.qwen3-8b.endpoints[0]: must be host:port, got 'no-port'"),
         (lambda d: d["routing"]["decisions"][0]["rules"].update(apis=["grpc"]),
-         "routing.decisions[0].rules.apis[0]: must be 'openai_chat', 'openai_responses' or"),
+         "routing.decisions[0].rules.apis[0]: must be 'openai_chat', 'openai_responses', "
+         "'anthropic_messages' or 'openai_completions', got 'grpc'"),
         (lambda d: d["models"]["qwen3-8b"].update(
             endpoints=[], workers=[{"address": "a:1", "role": "prefil"}]),
          "models.qwen3-8b.workers[0].role: must be 'prefill', 'decode' or 'both'"),
