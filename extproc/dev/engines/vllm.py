@@ -16,6 +16,7 @@ reuses it. What the recipe works around (each measured here):
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -66,12 +67,32 @@ def _run(argv: Sequence[str], log: Path) -> None:
         raise EngineUnavailable(f"{' '.join(argv[:4])}… exited {done.returncode}: {tail}")
 
 
+@contextlib.contextmanager
+def _locked() -> Iterator[None]:
+    """One installer or model builder at a time (``make engines`` beside a test run)."""
+    engines_home().mkdir(parents=True, exist_ok=True)
+    with (engines_home() / ".vllm.lock").open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def install(*, quiet: bool = False) -> Path:
     """The environment's interpreter, made first if it is missing or for another version."""
-    root = venv()
-    python = root / "bin" / "python"
+    python = venv() / "bin" / "python"
     if installed():
         return python
+    with _locked():
+        if not installed():
+            _install(quiet)
+    return python
+
+
+def _install(quiet: bool) -> None:
+    root = venv()
+    python = root / "bin" / "python"
     if root.exists():
         shutil.rmtree(root)
     root.parent.mkdir(parents=True, exist_ok=True)
@@ -90,7 +111,6 @@ def install(*, quiet: bool = False) -> Path:
     _stamp().write_text(VERSION + "\n")
     if not quiet:
         print(f"installed in {time.monotonic() - started:.0f} s", file=sys.stderr)
-    return python
 
 
 def _alias_distribution(python: Path) -> None:
@@ -114,12 +134,15 @@ def tiny_model() -> Path:
     if (directory / ".built").is_file():
         return directory
     python = install()
-    if directory.exists():
-        shutil.rmtree(directory)
-    done = subprocess.run([str(python), str(_HERE / "tiny_model.py"), str(directory)],
-                          capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise EngineUnavailable(f"building the tiny model failed: {done.stderr[-2000:]}")
+    with _locked():
+        if (directory / ".built").is_file():
+            return directory
+        if directory.exists():
+            shutil.rmtree(directory)
+        done = subprocess.run([str(python), str(_HERE / "tiny_model.py"), str(directory)],
+                              capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise EngineUnavailable(f"building the tiny model failed: {done.stderr[-2000:]}")
     return directory
 
 
