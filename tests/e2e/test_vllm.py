@@ -11,8 +11,11 @@ it (Envoy's own ``x-saar-worker``), and vLLM itself refuses a response id it nev
 
 from __future__ import annotations
 
+import functools
 import json
+import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -232,3 +235,58 @@ class _in_flight:
             stream.read()
             stream.close()
 
+
+
+def test_the_simulator_agrees_with_vllm_where_routing_reads_it(
+        engines: list[vllm.VllmServer], tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The same agent turns, straight to a vLLM server and to a ``saar sim-server`` given the
+    model's directory and vLLM's block size: the same prompt tokens, the same cached tokens,
+    and the load signals the router reads under the same names and units."""
+    from extproc.dev.harness import Service, free_port, wait_http
+
+    port = free_port()
+    sim = Service("sim", [sys.executable, "-m", "extproc", "sim-server", "--host", "127.0.0.1",
+                          "--port", str(port), "--model", "tiny",
+                          "--tokenizer", str(vllm.tiny_model()),
+                          "--block-size", str(vllm.BLOCK_SIZE)],
+                  tmp_path_factory.mktemp("sim"),
+                  functools.partial(wait_http, f"http://127.0.0.1:{port}/health"))
+    sim.start()
+    try:
+        real = _turns(engines[1].url, "fidelity")
+        simulated = _turns(f"http://127.0.0.1:{port}", "fidelity")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+            sim_signals = parse_metrics(answer.read().decode())
+    finally:
+        sim.close()
+    assert [t[0] for t in simulated] == [t[0] for t in real]  # prompt tokens, turn by turn
+    assert [t[1] for t in simulated] == [t[1] for t in real]  # cached tokens, turn by turn
+    assert any(t[1] for t in real)
+    vllm_signals = parse_metrics(engines[1].metrics())
+    for name in ("running", "waiting", "kv_usage", "block_size", "num_blocks"):
+        assert getattr(vllm_signals, name) is not None, name
+        assert getattr(sim_signals, name) is not None, name
+    assert sim_signals.block_size == vllm_signals.block_size
+    assert 0.0 <= sim_signals.kv_usage <= 1.0
+
+
+def _turns(url: str, session: str) -> list[tuple[int, int]]:
+    """(prompt tokens, cached tokens) of each turn of one tool-using chat session."""
+    client = OpenAI(base_url=f"{url}/v1", api_key="k", max_retries=0)
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": f"{session}: refactor the parser and run the tests."}]
+    out = []
+    for turn in range(4):
+        answer = client.chat.completions.create(model="tiny", messages=messages, tools=[TOOL],
+                                                max_tokens=12, temperature=0, seed=turn)
+        usage = answer.usage
+        assert usage is not None
+        details = usage.prompt_tokens_details
+        out.append((usage.prompt_tokens, details.cached_tokens if details else 0))
+        # the same next turn for both servers, whatever each answered
+        messages += [{"role": "assistant", "content": None, "tool_calls": [
+            {"id": f"call-{turn}", "type": "function",
+             "function": {"name": "run_tests", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": f"call-{turn}", "content": f"{turn} passed"}]
+    return out

@@ -34,7 +34,9 @@ class SimConfig:
     """Multiplies every simulated delay; 0 answers without sleeping."""
     max_body_bytes: int = 32 * 1024 * 1024
     tokenizer: str | None = None
-    """Path of a ``tokenizer.json``: the prefix cache then works on real token ids."""
+    """Path of a ``tokenizer.json``, or of a model directory (its tokenizer and chat template):
+    the prefix cache then works on real token ids, and with a template a chat request's tokens,
+    counts and cached blocks are the ones vLLM computes for it."""
     kv_events_endpoint: str | None = None
     """ZMQ endpoint to bind a PUB socket on and publish vLLM KV events (needs ``tokenizer``)."""
     kv_events_topic: str = "kv-events"
@@ -124,7 +126,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="answer every Nth request with 503 (0: never)")
     parser.add_argument("--time-scale", type=float, default=d.time_scale,
                         help="multiply every simulated delay (0: answer at once)")
-    parser.add_argument("--tokenizer", metavar="PATH", help="tokenizer.json for real token ids")
+    parser.add_argument("--tokenizer", metavar="PATH",
+                        help="tokenizer.json, or a model directory (its chat template too), "
+                             "for real token ids")
     parser.add_argument(
         "--kv-events-endpoint",
         metavar="ENDPOINT",

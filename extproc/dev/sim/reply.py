@@ -88,13 +88,15 @@ def build_reply(
     summary: RequestSummary,
     *,
     prompt: str,
+    prompt_tokens: int | None = None,
     cached_tokens: int,
     output_tokens: int,
     style: IdStyle,
     reasoning: bool,
     oracle: ContinuityOracle,
 ) -> Reply:
-    """Decide the answer to ``summary`` and issue (and record) the ids it carries."""
+    """Decide the answer to ``summary`` and issue (and record) the ids it carries; its usage
+    counts ``prompt_tokens`` (the tokens the server cached and computed) where given."""
     seed = f"{summary.model}\n{prompt}"
     cap = next((summary.body[f] for f in _CAP_FIELDS if isinstance(summary.body.get(f), int)), None)
     budget = output_tokens if cap is None else max(min(output_tokens, cap), 0)
@@ -137,7 +139,7 @@ def build_reply(
         words=words,
         tool_call=tool_call,
         reasoning=thought,
-        prompt_tokens=len(tokenize(prompt)),
+        prompt_tokens=len(tokenize(prompt)) if prompt_tokens is None else prompt_tokens,
         cached_tokens=cached_tokens,
         truncated=tool_call is None and budget < output_tokens,
     )

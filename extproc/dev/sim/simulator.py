@@ -76,6 +76,9 @@ class Prompt:
     history: str
     new: str
     encode: Callable[[str], Sequence[str] | Sequence[int]]
+    counted: Sequence[int] | None = None
+    """The engine's own tokens of the request (the model's chat template and tokenizer), where
+    the simulator has them: what vLLM computes, caches and counts."""
 
     @property
     def text(self) -> str:
@@ -83,7 +86,7 @@ class Prompt:
 
     @cached_property
     def tokens(self) -> Sequence[str] | Sequence[int]:
-        return self.encode(self.text)
+        return self.counted if self.counted is not None else self.encode(self.text)
 
 
 class Simulator:
@@ -91,8 +94,10 @@ class Simulator:
 
     def __init__(self, cfg: SimConfig) -> None:
         self.cfg = cfg
+        self.tokenizer = Tokenizer(cfg.tokenizer) if cfg.tokenizer else None
+        """The model's tokenizer (a model directory: its chat template too, as vLLM renders)."""
         self.encode: Callable[[str], Sequence[str] | Sequence[int]] = (
-            Tokenizer(cfg.tokenizer).encode if cfg.tokenizer else tokenize
+            self.tokenizer.encode if self.tokenizer else tokenize
         )
         self.kv_events = (
             KVEventPublisher(cfg.kv_events_endpoint, cfg.kv_events_topic, block_size=cfg.block_size)
@@ -170,10 +175,13 @@ class Simulator:
                 code="previous_response_not_found",
                 headers=headers,
             )
+        counted = (self.tokenizer.prompt_tokens(summary) if self.tokenizer is not None
+                   and summary.model not in self.cfg.lora_modules else None)
         prompt = Prompt(
             self.oracle.transcript(summary.previous_response_id) if api is Api.RESPONSES else "",
             render_prompt(summary),
             self._encoder(summary.model),
+            counted,
         )
         if len(prompt.tokens) > self.cfg.max_model_len:
             message = (
@@ -345,6 +353,7 @@ class Simulator:
         reply = build_reply(
             summary,
             prompt=prompt.text,
+            prompt_tokens=len(tokens),
             cached_tokens=cached,
             output_tokens=self.cfg.output_tokens,
             style=fmt.ids,
