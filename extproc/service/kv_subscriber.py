@@ -77,15 +77,17 @@ class KVEventSubscriber(ZmqFeed):
         index: PreciseKVIndex,
         worker_address: str,
         endpoint: str,
-        topic: str = "kv-events",
+        topic: str = "",
     ) -> None:
+        """``topic`` empty (vLLM's default publishes on the empty topic): every message on
+        this worker's socket is its own."""
         super().__init__(f"kv-events {worker_address}", endpoint, topic)
         self.index = index
         self.worker_address = worker_address
 
     def _handle(self, frames: list[bytes]) -> None:
         topic, seq, batch = decode_frames(frames)
-        if topic != self.topic:
+        if self.topic and topic != self.topic:
             raise KVEventDecodeError(f"unexpected topic {topic!r}")
         self.index.apply(self.worker_address, batch, seq)
 

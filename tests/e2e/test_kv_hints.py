@@ -36,7 +36,7 @@ class Watcher:
         self._sockets = {}
         for worker, endpoint in endpoints.items():
             socket = self._context.socket(zmq.SUB)
-            socket.setsockopt(zmq.SUBSCRIBE, b"kv-events")
+            socket.setsockopt(zmq.SUBSCRIBE, b"")
             socket.connect(endpoint)
             self._sockets[worker] = socket
 

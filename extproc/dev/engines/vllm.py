@@ -183,8 +183,7 @@ def serve_argv(python: Path, model_dir: Path, *, name: str, port: int,
             "--max-num-seqs", "16", "--disable-uvicorn-access-log"]
     if kv_events:
         argv += ["--kv-events-config", json.dumps({
-            "enable_kv_cache_events": True, "publisher": "zmq", "endpoint": kv_events,
-            "topic": "kv-events"})]
+            "enable_kv_cache_events": True, "publisher": "zmq", "endpoint": kv_events})]
     return argv
 
 

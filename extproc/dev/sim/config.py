@@ -39,7 +39,8 @@ class SimConfig:
     counts and cached blocks are the ones vLLM computes for it."""
     kv_events_endpoint: str | None = None
     """ZMQ endpoint to bind a PUB socket on and publish vLLM KV events (needs ``tokenizer``)."""
-    kv_events_topic: str = "kv-events"
+    kv_events_topic: str = ""
+    """vLLM's default: the empty topic."""
     num_cpu_blocks: int = 0
     """Host-memory KV tier, in blocks: what the router's demote hints move there (0: none)."""
     cpu_tokens_per_s: float = 400_000.0

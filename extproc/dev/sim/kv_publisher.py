@@ -27,7 +27,7 @@ class KVEventPublisher:
     """Binds ``endpoint`` and sends each batch with the next sequence number. A PUB socket never
     blocks: a subscriber that falls behind loses batches and sees the sequence gap."""
 
-    def __init__(self, endpoint: str, topic: str = "kv-events", *, block_size: int) -> None:
+    def __init__(self, endpoint: str, topic: str = "", *, block_size: int) -> None:
         self.topic = topic
         self.block_size = block_size
         self._seq = 0

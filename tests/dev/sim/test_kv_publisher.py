@@ -75,7 +75,7 @@ def test_flags_and_validation(tokenizer_path: Path) -> None:
     assert (cfg.tokenizer, cfg.kv_events_endpoint, cfg.kv_events_topic) == (
         str(tokenizer_path),
         "tcp://127.0.0.1:5557",
-        "kv-events",
+        "",  # vLLM's default topic
     )
     default = SimConfig.from_args(parser.parse_args([]))
     assert (default.tokenizer, default.kv_events_endpoint) == (None, None)
