@@ -13,8 +13,9 @@ where ``ctx`` is the context resent this turn (less what the candidate's best wo
 holds, when the prefix index can tell), ``warm`` the tokens cached on ``cur`` (measured on its
 best worker by the prefix index; else our estimate scaled by the backend's reported hit ratio),
 and ``prior`` = min(1, R / horizon) the weight of the turns expected to reuse it. ``R``, the
-turns expected after this one, is the decision's ``remaining_turn_prior`` less the turns run;
-without one, as many as the session has run (up to the horizon). The price becomes a score
+turns expected after this one, is the decision's ``remaining_turn_prior`` less the turns run
+(at a drift reset, which opens a new task of that decision, the whole prior); without one, as
+many as the session has run (up to the horizon). The price becomes a score
 penalty relative to a reference turn (``reference_context_tokens`` at the dearest candidate's
 prompt price):
 
@@ -299,13 +300,18 @@ class SaarEngine:
         base: BaseChoice,
         knobs: SessionAware,
         cached_tokens: CachedTokens,
+        *,
+        new_task: bool = False,
     ) -> tuple[CandidateTerms, ...]:
+        """Every candidate's terms against the session's current model. ``new_task``: this
+        turn opens a new task (a drift reset), whose decision's remaining-turn prior counts
+        from here, not from the session's first turn."""
         models = self._config.models
         scores = self._scores(state, base)
         cur = models[state.model]
         top = top_price({n: models[n] for n in scores})
         reference = REFERENCE_CONTEXT_TOKENS * max(models[n].pricing.prompt for n in scores)
-        remaining = remaining_turns(knobs, state.turns)
+        remaining = remaining_turns(knobs, state.turns, new_task=new_task)
         prior = knobs.remaining_turn_prior_weight * min(
             1.0, remaining / knobs.remaining_turn_prior_horizon
         )
@@ -368,7 +374,7 @@ class SaarEngine:
             warm = min(_warm(state, cached_tokens), request.context_tokens)
             if warm < knobs.drift_reset_warm_tokens:
                 return ()
-            return self._price(request, state, base, knobs, cached_tokens)
+            return self._price(request, state, base, knobs, cached_tokens, new_task=True)
         scores = self._scores(state, base)
         cur, cand = models[state.model], models[model]
         ctx = request.context_tokens
@@ -410,12 +416,18 @@ class SaarEngine:
             )
 
 
-def remaining_turns(knobs: SessionAware, turns: int) -> float:
+def remaining_turns(knobs: SessionAware, turns: int, *, new_task: bool = False) -> float:
     """The turns a session that has run ``turns`` is expected to run after this one: the
     decision's ``remaining_turn_prior`` less the turns run, without a prior as many as it has
-    run (at least one, at most ``remaining_turn_prior_horizon``)."""
+    run (at least one, at most ``remaining_turn_prior_horizon``).
+
+    ``new_task``: the turn opens a new task (a drift reset into this decision). The prior is the
+    length of a task of this decision, so it counts from here: the whole prior remains, however
+    long the session ran before. Without a prior the session's age stays the evidence (a long
+    session that changes task is still a long session)."""
     if knobs.remaining_turn_prior > 0:
-        return max(0.0, knobs.remaining_turn_prior - turns)
+        return knobs.remaining_turn_prior if new_task else max(
+            0.0, knobs.remaining_turn_prior - turns)
     return float(min(max(1, turns), knobs.remaining_turn_prior_horizon))
 
 

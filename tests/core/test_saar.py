@@ -10,6 +10,7 @@ import pytest
 from extproc.assembly import assemble
 from extproc.config import Config
 from extproc.core.router import LocalDriver
+from extproc.core.saar import remaining_turns
 from extproc.errors import ModelUnavailable, UnknownModel
 from extproc.state.records import Forget
 from extproc.types import Api, ResponseSummary, Usage
@@ -498,6 +499,56 @@ def test_a_reset_does_not_throw_a_large_warm_prefix_away_unless_the_price_says_s
     if rec["candidates"]:
         cheap = next(c for c in rec["candidates"] if c["model"] == CHEAP)
         assert cheap["held"] is (expected == STRONG)
+
+
+# The remaining-turn estimate as a table: (prior, turns run, new task) → turns expected after
+# this one. A prior is the length of a task of its decision: a drift reset (a new task) counts
+# it from that turn, so a session that outlived its first task's prior is not taken for over.
+# Without a prior (Lindy) the session's age is the evidence, new task or not.
+@pytest.mark.parametrize(
+    ("prior", "turns", "new_task", "expected"),
+    [
+        (7.0, 0, False, 7.0),
+        (7.0, 3, False, 4.0),
+        (7.0, 13, False, 0.0),   # past its prior: a step-down saves nothing
+        (7.0, 13, True, 7.0),    # a new task at turn 13: the whole prior remains
+        (7.0, 0, True, 7.0),
+        (0.0, 0, False, 1.0),    # Lindy: at least one
+        (0.0, 3, False, 3.0),
+        (0.0, 3, True, 3.0),     # Lindy ignores the task: the session's age counts
+        (0.0, 50, True, 8.0),    # up to the horizon
+    ],
+)
+def test_remaining_turns(session_config, prior, turns, new_task, expected):
+    knobs = replace(session_config.routing.decisions[0].algorithm.session_aware,
+                    remaining_turn_prior=prior)
+    assert knobs.remaining_turn_prior_horizon == 8
+    assert remaining_turns(knobs, turns, new_task=new_task) == expected
+
+
+# The `--continue` case with a remaining-turn prior: the drift reset opens a new task, so its
+# step-down is priced over the prior's whole length, not over what the first task left of it
+# (3 turns ran). With a prior of 16 and a 5% return rate: 16 turns save $0.0771 against the
+# $0.0367 the move throws away and a risk of $0.0379, so it moves; counted from the session's
+# first turn (13 left) it would save $0.0626 and be held, as it is with a prior of 12.
+@pytest.mark.parametrize(
+    ("prior", "expected", "reason"),
+    [
+        (16.0, CHEAP, "drift_reset"),
+        (12.0, STRONG, "drift_reset_held"),
+        (3.0, STRONG, "drift_reset_held"),  # the first task's prior, used up: still 3 ahead
+    ],
+)
+def test_a_drift_reset_counts_its_decisions_prior_from_the_new_task(
+        session_config, clock, prior, expected, reason):
+    driver = Driver(tuned(session_config, remaining_turn_prior=prior, return_rate=0.05), clock)
+    rec = claude_continue(driver, CLAUDE_WARM, CLAUDE_PROMPT)
+    assert (rec["reset"], rec["memory"]["turns"], rec["base"]["model"]) == ("drift", 3, CHEAP)
+    assert (rec["model"], rec["reason"]) == (expected, reason), rec["candidates"]
+    cheap = next(c for c in rec["candidates"] if c["model"] == CHEAP)
+    assert cheap["remaining_turns"] == prior
+    assert cheap["held"] is (expected == STRONG)
+    assert cheap["held"] is (cheap["saving_usd"] <= cheap["transition_usd"] + cheap["risk_usd"])
 
 
 def _lead(scores) -> float:
