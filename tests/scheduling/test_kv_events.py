@@ -393,3 +393,26 @@ async def test_subscriber_feeds_the_index_and_survives_a_publisher_restart(
         await subscriber.stop()
         publisher.close(linger=0)
     await subscriber.stop()  # idempotent
+
+
+@pytest.mark.parametrize(("topic", "worker"), [
+    ("10.0.0.1:8000", "10.0.0.1:8000"),
+    ("kv@10.0.0.1:8000@m", "10.0.0.1:8000"),
+    ("kv@10.0.0.2@m", "10.0.0.2:8000"),  # llm-d names the pod's IP: its one worker of m
+    ("kv@10.0.0.1@n", "10.0.0.1:8001"),
+    ("kv@10.0.0.1@m", None),  # two workers of m there: which one is not said
+    ("kv@10.0.0.9@m", None),
+    ("", None),
+])
+def test_a_listener_topic_names_its_worker(topic: str, worker: str | None) -> None:
+    from extproc.scheduling.kv_events import KVEventDecodeError
+    from extproc.scheduling.types import Worker
+    from extproc.service.kv_subscriber import worker_of
+
+    pool = [Worker("10.0.0.1:8000", "m"), Worker("10.0.0.1:8002", "m"),
+            Worker("10.0.0.2:8000", "m"), Worker("10.0.0.1:8001", "n")]
+    if worker is None:
+        with pytest.raises(KVEventDecodeError):
+            worker_of(topic, pool)
+    else:
+        assert worker_of(topic, pool) == worker

@@ -156,7 +156,7 @@ class VllmServer:
     log: Path
     kv_events: str | None = None
     """The ZMQ endpoint its KV events are published on (``ipc://``: vLLM binds, the router
-    connects)."""
+    connects; ``tcp://`` with a host: vLLM connects to the router's)."""
     core: int | None = None
     extra: dict[str, str] = field(default_factory=dict)
 
@@ -175,7 +175,8 @@ class VllmServer:
 
 
 def serve_argv(python: Path, model_dir: Path, *, name: str, port: int,
-               kv_cache_bytes: int, max_model_len: int, kv_events: str | None) -> list[str]:
+               kv_cache_bytes: int, max_model_len: int, kv_events: str | None,
+               topic: str = "") -> list[str]:
     argv = [str(python.parent / "vllm"), "serve", str(model_dir), "--served-model-name", name,
             "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(max_model_len),
             "--enforce-eager", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
@@ -183,16 +184,22 @@ def serve_argv(python: Path, model_dir: Path, *, name: str, port: int,
             "--max-num-seqs", "16", "--disable-uvicorn-access-log"]
     if kv_events:
         argv += ["--kv-events-config", json.dumps({
-            "enable_kv_cache_events": True, "publisher": "zmq", "endpoint": kv_events})]
+            "enable_kv_cache_events": True, "publisher": "zmq", "endpoint": kv_events,
+            "topic": topic})]
     return argv
 
 
 @contextlib.contextmanager
 def vllm_pool(count: int, workdir: Path, *, ports: Sequence[int], name: str = "tiny",
               kv_cache_bytes: int = 256 * 1024 * 1024, max_model_len: int = 8192,
-              kv_events: bool = True) -> Iterator[list[VllmServer]]:
+              kv_events: bool = True,
+              publish_to: Sequence[str | None] = ()) -> Iterator[list[VllmServer]]:
     """``count`` vLLM servers of the tiny model, each pinned to its own core where the machine
-    has enough, started together; stopped (their process groups killed) on exit."""
+    has enough, started together; stopped (their process groups killed) on exit.
+
+    With ``kv_events`` each publishes its KV events on an ``ipc://`` endpoint it binds; where
+    ``publish_to`` gives server ``i`` a ``tcp://`` endpoint instead, it connects there (a
+    router listening) and names itself in llm-d's topic ``kv@HOST:PORT@NAME``."""
     python = install()
     model_dir = tiny_model()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -201,7 +208,9 @@ def vllm_pool(count: int, workdir: Path, *, ports: Sequence[int], name: str = "t
     try:
         for i in range(count):
             core = i % cores if cores > 1 else None
-            events = f"ipc://{workdir}/kv-{i}.ipc" if kv_events else None
+            target = publish_to[i] if i < len(publish_to) else None
+            events = target or (f"ipc://{workdir}/kv-{i}.ipc" if kv_events else None)
+            topic = f"kv@127.0.0.1:{ports[i]}@{name}" if target else ""
             log = workdir / f"vllm-{i}.log"
             bind = str(core) if core is not None else "all"
             env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=bind,
@@ -210,7 +219,7 @@ def vllm_pool(count: int, workdir: Path, *, ports: Sequence[int], name: str = "t
                        VLLM_ENABLE_RESPONSES_API_STORE="1")
             argv = serve_argv(python, model_dir, name=name, port=ports[i],
                               kv_cache_bytes=kv_cache_bytes, max_model_len=max_model_len,
-                              kv_events=events)
+                              kv_events=events, topic=topic)
             if core is not None and shutil.which("taskset"):
                 argv = ["taskset", "-c", str(core), *argv]
             with log.open("wb") as out:
