@@ -70,8 +70,11 @@ def test_every_shown_command_and_flag_exists(shown, capsys):
 
 FOREIGN_FLAGS = {
     "envoy": {"--base-id", "--mode", "--use-dynamic-base-id"},
-    "vllm": {"--lora-modules", "--served-model-name"},
+    "vllm": {"--block-size", "--enable-prompt-tokens-details", "--kv-events-config",
+             "--lora-modules", "--served-model-name"},
     "pip": {"--force-reinstall", "--no-deps"},
+    "docker": {"--build-arg"},
+    "helm": {"--timeout"},
     "the agent CLIs": {"--allowedTools", "--approval-mode", "--auth-type", "--continue",
                        "--dangerously-bypass-approvals-and-sandbox",
                        "--dangerously-skip-permissions", "--format", "--last", "--output-format",
