@@ -4,7 +4,10 @@
   and ``collectors/inference_pool.go``; the same in llm-d-router, where they are kept beside its
   ``llm_d_epp_*`` names), which its stock Grafana dashboard (``tools/dashboards/
   inference_gateway.json``) reads: ``inference_objective_*`` per request, ``inference_pool_*``
-  per pool and worker.
+  per pool and worker. Each also under llm-d-router's own name (``LLMD_NAMES``), which that
+  router exports beside them and which upstream now marks the deprecated ones in favour of:
+  ``llm_d_epp_*`` (``pkg/epp/metrics/llm_d_router_metrics.go``), its request metrics labelled
+  with a ``fairness_id`` too (``default-flow``, llm-d's for a request that names none).
 * The OpenTelemetry GenAI metrics as Envoy AI Gateway exports them to Prometheus (dots become
   underscores, the unit ``s`` a ``_seconds`` suffix, the token histogram keeps its name):
   ``gen_ai_client_token_usage`` by ``gen_ai_token_type`` (``input``, ``cached_input``,
@@ -64,6 +67,27 @@ TOKEN_TYPES = ("input", "cached_input", "output")
 """``input`` counts every prompt token, the cached ones included (``cached_input``)."""
 PRIORITY = "0"
 """The Inference Extension's default priority (a request no InferenceObjective names)."""
+FAIRNESS = "default-flow"
+"""llm-d's fairness id of a request that names none (``x-gateway-inference-fairness-id``)."""
+LLMD = (*OBJECTIVE, "fairness_id", "priority")
+"""llm-d-router's labels of its ``llm_d_epp_request_*`` metrics."""
+LLMD_NAMES = {
+    "inference_objective_request_total": "llm_d_epp_request_total",
+    "inference_objective_request_error_total": "llm_d_epp_request_error_total",
+    "inference_objective_request_duration_seconds": "llm_d_epp_request_duration_seconds",
+    "inference_objective_input_tokens": "llm_d_epp_request_input_tokens",
+    "inference_objective_output_tokens": "llm_d_epp_request_output_tokens",
+    "inference_objective_prompt_cached_tokens": "llm_d_epp_request_cached_tokens",
+    "inference_objective_running_requests": "llm_d_epp_request_running",
+    "inference_objective_normalized_time_per_output_token_seconds":
+        "llm_d_epp_request_ntpot_seconds",
+    "inference_pool_average_kv_cache_utilization": "llm_d_epp_average_kv_cache_utilization",
+    "inference_pool_average_queue_size": "llm_d_epp_average_queue_size",
+    "inference_pool_average_running_requests": "llm_d_epp_average_running_requests",
+    "inference_pool_ready_pods": "llm_d_epp_ready_endpoints",
+    "inference_pool_per_pod_queue_size": "llm_d_epp_per_endpoint_queue_size",
+}
+"""The Inference Extension's name of each figure → llm-d-router's (both are exported)."""
 OTHER = "other"
 MAX_RESPONSE_MODELS = 32
 """Distinct model names from responses kept as labels (beyond the config's); then ``other``."""
@@ -137,6 +161,32 @@ class StandardMetrics:
             "gen_ai_server_time_per_output_token_seconds", "Time per output token generated "
             "after the first token for successful responses.", GENAI, buckets=_TPOT,
             registry=r)
+        # llm-d-router's names of the same figures (``LLMD_NAMES``), with its label sets.
+        self.llmd_requests = Counter(
+            "llm_d_epp_request_total", "Total number of processed requests.", LLMD, registry=r)
+        self.llmd_errors = Counter(
+            "llm_d_epp_request_error_total", "Total number of request errors.",
+            [*LLMD, "error_code"], registry=r)
+        self.llmd_duration = Histogram(
+            "llm_d_epp_request_duration_seconds", "End-to-end request latency distribution "
+            "in seconds.", LLMD, buckets=_LATENCY, registry=r)
+        self.llmd_input_tokens = Histogram(
+            "llm_d_epp_request_input_tokens", "Input token count distribution per request.",
+            LLMD, buckets=_INPUT, registry=r)
+        self.llmd_output_tokens = Histogram(
+            "llm_d_epp_request_output_tokens", "Output token count distribution per request.",
+            LLMD, buckets=_OUTPUT, registry=r)
+        self.llmd_cached_tokens = Histogram(
+            "llm_d_epp_request_cached_tokens", "Distribution of prompt tokens read from cache "
+            "per request, as reported by the model server in the response.", LLMD,
+            buckets=_INPUT, registry=r)
+        self.llmd_running = Gauge(
+            "llm_d_epp_request_running", "Current number of active running requests.", LLMD,
+            registry=r)
+        self.llmd_ntpot = Histogram(
+            "llm_d_epp_request_ntpot_seconds", "Normalized time per output token in seconds "
+            "(end-to-end latency divided by output token count).", LLMD, buckets=_NTPOT,
+            registry=r)
         self.tokens = Counter(
             "saar_tokens", "Tokens the upstreams reported, by the model that served them and "
             "type (input includes cached_input)", ["model", "type"], registry=r)
@@ -186,7 +236,9 @@ class StandardFigures:
         state = _Request(self._known(request.get("model")), self._known(record.get("model")),
                          str(request.get("api")), bool(request.get("stream")))
         self._child(self._metrics.requests, state.model_name, state.target, PRIORITY).inc()
+        self._child(self._metrics.llmd_requests, *self._llmd(state)).inc()
         self._child(self._metrics.running, state.model_name).inc()
+        self._child(self._metrics.llmd_running, *self._llmd(state)).inc()
         self._requests[record["replay_id"]] = state
         while len(self._requests) > MAX_RUNNING:
             self._stop_running(self._requests.popitem(last=False)[1])
@@ -223,6 +275,7 @@ class StandardFigures:
         code = error_code(status, refused)
         if code is not None:
             self._child(self._metrics.errors, state.model_name, state.target, code).inc()
+            self._child(self._metrics.llmd_errors, *self._llmd(state), code).inc()
         if refused is not None:  # refused at the processor: it never ran, it will not end
             self._stop_running(state)
 
@@ -231,10 +284,14 @@ class StandardFigures:
         m, objective = self._metrics, (state.model_name, state.target)
         prompt, output = int(usage["prompt_tokens"]), int(usage["completion_tokens"])
         cached = usage.get("cached_tokens")  # None: estimated usage, its cache unknown
+        llmd = self._llmd(state)
         self._child(m.input_tokens, *objective).observe(prompt)
+        self._child(m.llmd_input_tokens, *llmd).observe(prompt)
         self._child(m.output_tokens, *objective).observe(output)
+        self._child(m.llmd_output_tokens, *llmd).observe(output)
         if cached is not None:
             self._child(m.cached_tokens, *objective).observe(int(cached))
+            self._child(m.llmd_cached_tokens, *llmd).observe(int(cached))
         for kind, count in zip(TOKEN_TYPES, (prompt, cached, output), strict=True):
             if count is not None:
                 self._child(m.token_usage, *genai, kind).observe(int(count))
@@ -245,6 +302,7 @@ class StandardFigures:
         state.latency = True
         self._stop_running(state)
         self._child(self._metrics.duration, state.model_name, state.target).observe(seconds)
+        self._child(self._metrics.llmd_duration, *self._llmd(state)).observe(seconds)
         failed = status is not None and not 200 <= status < 300
         kind = error_type(status) if failed and status is not None else ""
         self._child(self._metrics.request_duration, *genai, kind).observe(seconds)
@@ -257,8 +315,9 @@ class StandardFigures:
         m = self._metrics
         if latency_ms is not None and output > 0 and not state.ntpot:
             state.ntpot = True
-            self._child(m.ntpot, state.model_name, state.target).observe(
-                latency_ms / 1000 / output)
+            ntpot = latency_ms / 1000 / output
+            self._child(m.ntpot, state.model_name, state.target).observe(ntpot)
+            self._child(m.llmd_ntpot, *self._llmd(state)).observe(ntpot)
         if first_ms is None or not state.stream:
             return
         if not state.ttft:
@@ -274,6 +333,11 @@ class StandardFigures:
         return (OPERATIONS.get(state.api, OTHER), PROVIDERS.get(state.api, OTHER),
                 self._known(request.get("model")), state.target,
                 self._responded_as(outcome.get("model")) or state.target)
+
+    @staticmethod
+    def _llmd(state: _Request) -> tuple[str, str, str, str]:
+        """A request's ``LLMD`` label values."""
+        return state.model_name, state.target, FAIRNESS, PRIORITY
 
     def _child(self, metric: Any, *values: str) -> Any:
         """``metric.labels(*values)``, looked up once (the values are bounded)."""
@@ -300,13 +364,14 @@ class StandardFigures:
         if state.running:
             state.running = False
             self._child(self._metrics.running, state.model_name).dec()
+            self._child(self._metrics.llmd_running, *self._llmd(state)).dec()
 
 
 class PoolGauges:
     """The Inference Extension's pool gauges, read from the worker registry at each scrape:
     per pool the workers ready (healthy, scraped within the staleness window) and their
     average KV-cache use, queue and running requests (over the ready ones, as upstream), and
-    each worker's queue."""
+    each worker's queue; each under llm-d-router's name too (``LLMD_NAMES``)."""
 
     def __init__(self, registry: WorkerRegistry, pools: Mapping[str, str]) -> None:
         """``pools``: pool name (the ``name`` label: the InferencePool's) → its model."""
@@ -317,21 +382,24 @@ class PoolGauges:
         return list(self._families())
 
     def collect(self) -> Iterator[Metric]:
-        kv, queue, running, ready, per_pod = self._families()
+        families = self._families()
+        named = families[:5], families[5:]       # upstream's names, llm-d's
         for name, model in self._pools.items():
             workers = self._registry.pool(model)
             fresh = [w for w in workers if w.healthy and not w.stale]
-            ready.add_metric([name], len(fresh))
-            if fresh:
-                kv.add_metric([name], sum(w.kv_usage for w in fresh) / len(fresh))
-                queue.add_metric([name], sum(w.waiting for w in fresh) / len(fresh))
-                running.add_metric([name], sum(w.running for w in fresh) / len(fresh))
-            for worker in workers:
-                per_pod.add_metric([name, worker.address], worker.waiting)
-        yield from (kv, queue, running, ready, per_pod)
+            for kv, queue, running, ready, per_pod in named:
+                ready.add_metric([name], len(fresh))
+                if fresh:
+                    kv.add_metric([name], sum(w.kv_usage for w in fresh) / len(fresh))
+                    queue.add_metric([name], sum(w.waiting for w in fresh) / len(fresh))
+                    running.add_metric([name], sum(w.running for w in fresh) / len(fresh))
+                for worker in workers:
+                    per_pod.add_metric([name, worker.address], worker.waiting)
+        yield from families
 
     @staticmethod
     def _families() -> tuple[GaugeMetricFamily, ...]:
+        """Upstream's five families, then the same five under llm-d-router's names."""
         return (
             GaugeMetricFamily("inference_pool_average_kv_cache_utilization",
                               "The average kv cache utilization for an inference server pool.",
@@ -346,6 +414,19 @@ class PoolGauges:
             GaugeMetricFamily("inference_pool_per_pod_queue_size", "The total number of "
                               "requests pending in the model server queue for each underlying "
                               "pod.", labels=["name", "model_server_pod"]),
+            GaugeMetricFamily("llm_d_epp_average_kv_cache_utilization", "The average kv "
+                              "cache utilization for an inference server pool.",
+                              labels=["name"]),
+            GaugeMetricFamily("llm_d_epp_average_queue_size", "The average number of "
+                              "requests pending in the model server queue.", labels=["name"]),
+            GaugeMetricFamily("llm_d_epp_average_running_requests", "The average number of "
+                              "running requests across model servers in the pool.",
+                              labels=["name"]),
+            GaugeMetricFamily("llm_d_epp_ready_endpoints", "The number of ready endpoints in "
+                              "the inference server pool.", labels=["name"]),
+            GaugeMetricFamily("llm_d_epp_per_endpoint_queue_size", "The total number of "
+                              "requests pending in the model server queue for each underlying "
+                              "endpoint.", labels=["name", "model_server_endpoint"]),
         )
 
 

@@ -14,6 +14,8 @@ from extproc.config import WorkerSpec
 from extproc.core.router import LocalDriver
 from extproc.observability.replay import ReplayStore
 from extproc.observability.standard import (
+    FAIRNESS,
+    LLMD_NAMES,
     MAX_RESPONSE_MODELS,
     PoolGauges,
     StandardFigures,
@@ -63,6 +65,19 @@ GENAI = {"gen_ai_operation_name": "chat", "gen_ai_provider_name": "openai",
          "gen_ai_original_model": "auto", "gen_ai_request_model": "m-large",
          "gen_ai_response_model": "m-large"}
 OK = {"status": 200, "served_worker": "10.0.0.1:8000"}
+
+
+def llmd_twin(name: str, labels: dict[str, str]) -> tuple[str, dict[str, str]] | None:
+    """llm-d-router's sample of an Inference Extension sample (``LLMD_NAMES``): its request
+    figures are labelled by model, target, fairness id and priority."""
+    for old, new in LLMD_NAMES.items():
+        suffix = name[len(old):]
+        if name.startswith(old) and suffix in ("", "_sum", "_count", "_bucket"):
+            if not old.startswith("inference_objective_"):
+                return new + suffix, labels
+            rest = {k: v for k, v in labels.items() if k not in ("model_name", "priority")}
+            return new + suffix, {**OBJ, "fairness_id": FAIRNESS, "priority": "0", **rest}
+    return None
 
 
 @pytest.mark.parametrize(("events", "expected", "tracked"), [
@@ -142,6 +157,12 @@ def test_records_become_the_upstream_metrics(events, expected, tracked):
             base = {**({} if "model_name" in labels else OBJ), **labels}
         got = run.value(name, **base)
         assert got == pytest.approx(value) if value is not None else got is None, name
+        twin = llmd_twin(name, base)
+        if name.startswith("inference_objective_"):
+            assert twin is not None, name
+        if twin is not None:        # the same figure under llm-d-router's name
+            got = run.value(twin[0], **twin[1])
+            assert got == pytest.approx(value) if value is not None else got is None, twin
     assert len(run.figures) == tracked  # what is done is forgotten
 
 
@@ -230,8 +251,16 @@ def test_pool_gauges_read_the_registry(session_config):
     for address, waiting in (("10.0.0.1:8000", 2), ("10.0.0.2:8000", 6), ("10.0.0.3:8000", 9)):
         assert registry.get_sample_value("inference_pool_per_pod_queue_size",
                                          {**pool, "model_server_pod": address}) == waiting
+        assert registry.get_sample_value("llm_d_epp_per_endpoint_queue_size",
+                                         {**pool, "model_server_endpoint": address}) == waiting
+    for upstream in ("inference_pool_ready_pods", "inference_pool_average_kv_cache_utilization",
+                     "inference_pool_average_queue_size",
+                     "inference_pool_average_running_requests"):
+        assert registry.get_sample_value(LLMD_NAMES[upstream], pool) == pytest.approx(
+            registry.get_sample_value(upstream, pool)), upstream
     clock.advance(3)  # no scrape within the staleness window: no worker is ready
     assert registry.get_sample_value("inference_pool_ready_pods", pool) == 0
+    assert registry.get_sample_value("llm_d_epp_ready_endpoints", pool) == 0
 
 
 def test_pools_of_a_picker_and_of_a_router(session_config):
