@@ -1,9 +1,21 @@
-"""The ``saar`` command. A leaf: the library never imports it."""
+"""The ``saar`` command. A leaf: the library never imports it.
+
+Exit status, as ``grep`` and ``diff`` use theirs (docs/cli.md, tested in tests/test_cli.py):
+
+* 0: done (``check``: the config is usable);
+* 1: the command ran and found a problem, or nothing: ``check`` found problems in the config
+  (its schema included); ``replay show``: no such record; ``trace export``: no records;
+  ``replay-trace``: failed requests; ``demo``: lock violations; ``bench``: a verdict not met;
+* 2: it could not do its job (``Failed``, one line ``saar: ...``): bad usage, a config that does
+  not load (``serve``, ``envoy-config``, ``replay what-if``...), a file that cannot be read or
+  written, a server that does not answer or answers an error other than 404.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -43,7 +55,8 @@ def _serve(args: argparse.Namespace) -> int:
     if problems:
         raise Failed("cannot start:\n  " + "\n  ".join(problems))
     try:
-        asyncio.run(serve_forever(config))
+        asyncio.run(serve_forever(config, reload=functools.partial(_serve_config, args,
+                                                                   reloading=True)))
     except OSError as exc:           # a port taken meanwhile, a file gone, a sink unwritable
         raise Failed(f"cannot start: {exc}") from exc
     except RuntimeError as exc:
@@ -53,15 +66,23 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve_config(args: argparse.Namespace) -> Any:
-    """The config ``saar serve`` runs: the file's, with the flags' ports and pool."""
+def _serve_config(args: argparse.Namespace, *, reloading: bool = False) -> Any:
+    """The config ``saar serve`` runs: the file's, with the flags' ports, pool and log level.
+    Read at start, it also sets the log lines up (``logging``) and warns about a port;
+    ``reloading`` (SIGHUP) it only reads."""
     from dataclasses import replace
 
     from .config import load_config
+    from .observability import logs
 
     config = load_config(args.config)
+    level: Any = args.log_level or ("debug" if args.verbose else None)  # argparse's choices
+    if level is not None:
+        config = replace(config, logging=replace(config.logging, level=level))
+    if not reloading:
+        logs.configure(config.logging.level, config.logging.format)
     server = config.server
-    if args.grpc_port is not None and args.grpc_port != server.grpc_port:
+    if args.grpc_port is not None and args.grpc_port != server.grpc_port and not reloading:
         logging.getLogger("saar").warning(
             "--grpc-port %d differs from server.grpc_port %d in %s: an Envoy bootstrap "
             "rendered from that config sends the ext_proc streams to %d (render it with "
@@ -80,11 +101,20 @@ def _serve_config(args: argparse.Namespace) -> Any:
 
 
 def _check(args: argparse.Namespace) -> int:
-    """The config parses; its files, ports and (with Redis) store are usable from here."""
-    from .config import load_config
+    """The config parses; its files, ports and (with Redis) store are usable from here. Exit
+    1 when it found a problem, 2 when it could not look (no such file)."""
+    from pathlib import Path
+
+    from .config import ConfigError, load_config
     from .service.preflight import file_problems, port_problems, store_problems
 
-    config = load_config(args.config)
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        if not Path(args.config).is_file():
+            raise Failed(str(exc)) from exc
+        print(exc, file=sys.stderr)
+        return 1
     problems = file_problems(config)
     if not args.no_ports:
         problems += port_problems(config)
@@ -197,8 +227,10 @@ def _replay_show(args: argparse.Namespace) -> int:
                 record = json.load(response)
         except urllib.error.HTTPError as exc:
             detail = _error_text(exc)
-            print(f"{url}: HTTP {exc.code}{': ' + detail if detail else ''}", file=sys.stderr)
-            return 1
+            if exc.code == 404:
+                print(f"replay id {args.replay_id} not found at {args.url}", file=sys.stderr)
+                return 1
+            raise Failed(f"{url}: HTTP {exc.code}{': ' + detail if detail else ''}") from exc
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             raise Failed(f"{args.url}: no answer ({reason}); is saar serve running there? "
@@ -380,6 +412,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="instead of server.http_port (/metrics, /healthz, admin API, /ui)")
     serve.add_argument("--health-port", type=int,
                        help="plaintext gRPC health only (kubelet probes), beside a TLS port")
+    serve.add_argument("--log-level", choices=("debug", "info", "warning", "error", "critical"),
+                       help="instead of logging.level (-v: debug)")
     serve.add_argument("--pool-name", metavar="MODEL",
                        help="be the endpoint picker of this model's InferencePool")
     serve.set_defaults(func=_serve)
@@ -657,4 +691,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.verbose or exc.filename is None:
             raise
         print(f"saar: {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return 2
+    except SystemExit as exc:  # a tool's ``raise SystemExit("why")``: a known failure too
+        if not isinstance(exc.code, str):
+            raise
+        print(f"saar: {exc.code}", file=sys.stderr)
         return 2

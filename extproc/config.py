@@ -2,7 +2,8 @@
 
 Every key is checked against a schema (pydantic): an unknown key, a wrong type, a value out of
 its range or a dangling model reference fails at load time with the file and the dotted path
-of the bad key (``saar.yaml: routing.decisions[0].modelRefs[2].model: unknown model 'gpt-9'``).
+and line of the bad key (``saar.yaml:14: routing.decisions[0].modelRefs[2].model: unknown model
+'gpt-9'``); a key given twice is refused, and an unknown key's near misses suggested.
 The ``routing.decisions`` block accepts the SAAR article's YAML as written (``modelRefs``,
 ``algorithm.session_aware``...). The classes stay dataclasses: ``dataclasses.replace`` works
 on them, and validates what it changes.
@@ -10,10 +11,13 @@ on them, and validates what it changes.
 
 from __future__ import annotations
 
+import difflib
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import ConfigDict, Field, Strict, StrictBool, StrictInt, StrictStr, TypeAdapter
@@ -472,6 +476,19 @@ class Observability:
 
 
 @dataclass(frozen=True, config=_SCHEMA)
+class Logging:
+    """The service's log lines (``saar serve``; its ``-v`` and ``--log-level`` flags win over
+    ``level``). A line logged while a request is handled carries its ``replay_id`` and
+    ``session``."""
+
+    level: Literal["debug", "info", "warning", "error", "critical"] = "info"
+    """The least severe lines written; changed by SIGHUP without a restart."""
+    format: Literal["text", "json"] = "text"
+    """``text`` (for a terminal) or ``json``: one object per line (``time``, ``level``,
+    ``logger``, ``message``, ``replay_id``, ``session``, ``exception``) for a log stack."""
+
+
+@dataclass(frozen=True, config=_SCHEMA)
 class TierWeightsConfig:
     """What a prefix block found in each memory tier is worth, in device blocks (precise mode;
     the approximate index has one tier). Dynamo credits host hits 0.75 and disk 0.25."""
@@ -814,6 +831,7 @@ class Config:
     replay: Replay = field(default_factory=Replay)
     admin: Admin = field(default_factory=Admin)
     observability: Observability = field(default_factory=Observability)
+    logging: Logging = field(default_factory=Logging)
 
 
     def strips_preambles(self, model: str) -> bool:
@@ -826,23 +844,113 @@ _ADAPTER = TypeAdapter(Config)
 
 
 def load_config(path: str | Path) -> Config:
+    """The config in the YAML file ``path``; every problem names ``file:line: dotted.key``."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{path}: cannot read YAML: {exc}") from None
-    return parse_config(data, source=str(path))
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    data, lines = load_yaml(text, str(path))
+    return parse_config(data, source=str(path), lines=lines)
 
 
-def parse_config(data: Any, *, source: str = "<config>") -> Config:
+def load_yaml(text: str, source: str) -> tuple[Any, dict[str, int]]:
+    """The YAML document ``text`` and the line of each of its keys (``dotted.key`` → line,
+    ``key[0]`` for a list's items). A key given twice in one mapping is refused (PyYAML keeps
+    the second silently), naming the file, the line and the key."""
+    loader = _Loader(text, source)
+    try:
+        return loader.load(), loader.lines
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{source}:{mark.line + 1}" if mark is not None else source
+        what = "; ".join(str(p) for p in (exc.context, exc.problem) if p)
+        column = f" (column {mark.column + 1})" if mark is not None else ""
+        raise ConfigError(f"{where}: cannot read YAML: {what}{column}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: cannot read YAML: {exc}") from None
+    finally:
+        loader.dispose()
+
+
+_MERGE = "tag:yaml.org,2002:merge"
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader that refuses a key given twice in one mapping and notes the line
+    of every key, walking the node tree once before building the document."""
+
+    def __init__(self, text: str, source: str) -> None:
+        super().__init__(text)
+        self.source = source
+        self.lines: dict[str, int] = {}
+
+    def load(self) -> Any:
+        node = self.get_single_node()
+        if node is None:
+            return None
+        self._walk(node, "", frozenset())
+        return self.construct_document(node)
+
+    def _walk(self, node: yaml.Node, path: str, above: frozenset[int]) -> None:
+        if id(node) in above:  # a recursive alias
+            return
+        above = above | {id(node)}
+        if isinstance(node, yaml.MappingNode):
+            self._mapping(node, path, above)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                where = f"{path}[{i}]"
+                self.lines.setdefault(where, item.start_mark.line + 1)
+                self._walk(item, where, above)
+
+    def _mapping(self, node: yaml.MappingNode, path: str, above: frozenset[int]) -> None:
+        first: dict[str, int] = {}
+        merged: list[yaml.Node] = []
+        for key, value in node.value:
+            if key.tag == _MERGE:  # ``<<: *anchor``: its keys yield to the explicit ones
+                merged += value.value if isinstance(value, yaml.SequenceNode) else [value]
+                continue
+            if not isinstance(key, yaml.ScalarNode):
+                continue
+            line, where = key.start_mark.line + 1, _join(path, str(key.value))
+            if key.value in first:
+                raise ConfigError(f"{self.source}:{line}: {where}: duplicate key (first at "
+                                  f"line {first[key.value]})")
+            first[key.value] = line
+            self.lines.setdefault(where, line)
+            self._walk(value, where, above)
+        for mapping in merged:
+            self._walk(mapping, path, above)
+
+
+def parse_config(data: Any, *, source: str = "<config>",
+                 lines: Mapping[str, int] | None = None) -> Config:
+    """``data`` (a YAML document) validated; ``lines`` (``dotted.key`` → line, from
+    ``load_yaml``) put each problem's line beside ``source``."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: top level: expected a mapping, got {_shown(data)}")
     try:
         config = _ADAPTER.validate_python(data)
+        _check_references(config, source)
     except SchemaError as exc:
-        raise ConfigError(_explain(exc, source)) from None
-    _check_references(config, source)
+        raise ConfigError(_located(_explain(exc, source), source, lines or {})) from None
+    except ConfigError as exc:
+        raise ConfigError(_located(str(exc), source, lines or {})) from None
     return config
+
+
+def _located(message: str, source: str, lines: Mapping[str, int]) -> str:
+    """Each ``source: dotted.key: what`` line as ``source:LINE: dotted.key: what``, the line of
+    the key or, for one the file lacks (a required key), of the nearest key around it."""
+    prefix, out = f"{source}: ", []
+    for text in message.splitlines():
+        where, found, what = text.removeprefix(prefix).partition(": ")
+        probe = where if text.startswith(prefix) and found else ""
+        while probe and probe not in lines:
+            probe = probe[:probe.rindex("[")] if probe.endswith("]") else probe.rpartition(".")[0]
+        out.append(f"{source}:{lines[probe]}: {where}: {what}" if probe else text)
+    return "\n".join(out)
 
 
 def _explain(error: SchemaError, source: str) -> str:
@@ -852,7 +960,8 @@ def _explain(error: SchemaError, source: str) -> str:
         where = _dotted(problem["loc"]) or "top level"
         kind = problem["type"]
         if kind == "unexpected_keyword_argument":
-            what = "unknown key"
+            loc = problem["loc"]
+            what = "unknown key" + _did_you_mean(str(loc[-1]), _fields_at(loc[:-1]))
         elif kind == "missing":
             what = "required key is missing"
         elif kind == "string_pattern_mismatch":
@@ -863,6 +972,42 @@ def _explain(error: SchemaError, source: str) -> str:
             what = f"{message}, got {_shown(problem['input'])}"
         lines.append(f"{source}: {where}: {what}")
     return "\n".join(dict.fromkeys(lines))
+
+
+def _did_you_mean(key: str, known: Iterable[str]) -> str:
+    close = difflib.get_close_matches(key, list(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _fields_at(loc: tuple[int | str, ...]) -> tuple[str, ...]:
+    """The keys the schema allows in the mapping at ``loc`` (none known: empty)."""
+    kind: Any = Config
+    for part in loc:
+        kind = _unwrapped(kind)
+        fields = getattr(kind, "__pydantic_fields__", None)
+        if fields is not None:
+            kind = fields[part].annotation if part in fields else None
+        elif get_origin(kind) is dict:
+            kind = get_args(kind)[1]
+        elif get_origin(kind) is tuple:
+            kind = get_args(kind)[0]
+        else:
+            return ()
+    return tuple(getattr(_unwrapped(kind), "__pydantic_fields__", ()))
+
+
+def _unwrapped(kind: Any) -> Any:
+    """``kind`` without ``Annotated`` and ``| None``."""
+    while True:
+        if get_origin(kind) is Annotated:
+            kind = get_args(kind)[0]
+        elif get_origin(kind) in (Union, UnionType):
+            rest = [a for a in get_args(kind) if a is not type(None)]
+            if len(rest) != 1:
+                return kind
+            kind = rest[0]
+        else:
+            return kind
 
 
 def _dotted(loc: tuple[int | str, ...]) -> str:
@@ -948,8 +1093,8 @@ def _check_scheduling(scheduling: Scheduling, source: str) -> None:
                             scheduling.disaggregation.scorers)):
         for name in scorers:
             if name not in SCORERS:
-                raise ConfigError(
-                    f"{source}: {where}.{name}: unknown scorer; one of {sorted(SCORERS)}")
+                raise ConfigError(f"{source}: {where}.{name}: unknown scorer"
+                                  f"{_did_you_mean(name, SCORERS)}; one of {sorted(SCORERS)}")
     if scheduling.prefix.mode == "precise" and not scheduling.prefix.tokenizer:
         raise ConfigError(f"{source}: scheduling.prefix.tokenizer: precise mode needs the "
                           "path of the model's tokenizer.json")

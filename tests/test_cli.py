@@ -198,9 +198,13 @@ def test_check_lists_every_problem_with_its_key(tmp_path, capsys):
 
 
 def test_check_refuses_a_config_the_schema_refuses(tmp_path, capsys):
+    """A config the schema refuses is a problem ``check`` found: exit 1, the file's line."""
     path, _ = _config_file(tmp_path, limts={"max_body_bytes": 1})
-    assert main(["check", "--config", str(path)]) == 2
-    assert capsys.readouterr().err.strip() == f"saar: {path}: limts: unknown key"
+    assert main(["check", "--config", str(path)]) == 1
+    line = next(n for n, text in enumerate(path.read_text().splitlines(), 1)
+                if text.startswith("limts:"))
+    assert capsys.readouterr().err.strip() == (
+        f"{path}:{line}: limts: unknown key (did you mean 'limits'?)")
 
 
 def _serve_error(path) -> tuple[int, str]:
@@ -299,3 +303,144 @@ def test_envoy_config_says_when_tls_goes_unverified(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "without verifying the certificate" in captured.err
     assert "envoy.transport_sockets.tls" in captured.out
+
+
+# --- exit codes as docs/cli.md documents them (issue 32) ------------------------------------
+
+class _Replays:
+    """A processor's HTTP port that answers every replay lookup with one status."""
+
+    def __init__(self, status: int) -> None:
+        import http.server
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = json.dumps({"error": "why"}).encode()
+                self.send_response(status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _documented_codes() -> dict[str, int]:
+    """docs/cli.md's table: what each listed case exits with."""
+    import re
+
+    from tests.conftest import ROOT
+
+    text = (ROOT / "docs" / "cli.md").read_text()
+    table = text[text.index("| exit |"):].split("\n\n")[0]
+    return {case: int(code) for code, case in re.findall(r"^\| (\d) \| (.+?) \|$", table, re.M)}
+
+
+EXIT_CASES = [
+    # (the documented case, the arguments, the code)
+    ("`check`: the config is usable", ["check", "--config", "{good}"], 0),
+    ("`replay show`: the record", ["replay", "show", "{id}", "--file", "{records}"], 0),
+    ("`check`: problems found, the schema's included",
+     ["check", "--config", "{schema}"], 1),
+    ("`check`: problems found, the schema's included",
+     ["check", "--config", "{unusable}"], 1),
+    ("`replay show`: no such record", ["replay", "show", "rp-none", "--file", "{records}"], 1),
+    ("`replay show`: no such record", ["replay", "show", "rp-none", "--url", "{http404}"], 1),
+    ("`trace export`: no records", ["trace", "export", "--replay", "{empty}", "--out",
+                                    "{tmp}/t.json"], 1),
+    ("bad usage", ["check"], 2),
+    ("bad usage", ["bench", "peers", "--workloads", "nope"], 2),
+    ("a config that does not load", ["serve", "--config", "{schema}"], 2),
+    ("a config that does not load", ["replay", "what-if", "--replay", "{records}",
+                                     "--config", "{schema}"], 2),
+    ("a config that does not load", ["envoy-config", "--config", "{schema}"], 2),
+    ("a file that cannot be read or written", ["check", "--config", "{tmp}/missing.yaml"], 2),
+    ("a file that cannot be read or written", ["replay", "show", "rp-x", "--file",
+                                               "{tmp}/missing.jsonl"], 2),
+    ("a server that does not answer, or answers an error",
+     ["replay", "show", "rp-x", "--url", "{nobody}"], 2),
+    ("a server that does not answer, or answers an error",
+     ["replay", "show", "rp-x", "--url", "{http403}"], 2),
+]
+
+
+def test_every_documented_exit_code_is_tested():
+    assert {case for case, _, _ in EXIT_CASES} == set(_documented_codes())
+
+
+@pytest.mark.parametrize(("case", "args", "code"), EXIT_CASES,
+                         ids=[f"{c}: {' '.join(a[:2])}" for c, a, _ in EXIT_CASES])
+def test_exit_codes_as_documented(case, args, code, tmp_path, config, clock, capsys):
+    from extproc.dev.harness import free_port
+
+    assert _documented_codes()[case] == code
+    good, _ = _config_file(tmp_path)
+    (tmp_path / "sub").mkdir()
+    schema, _ = _config_file(tmp_path / "sub", limts={})
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    (tmp_path / "u").mkdir()
+    unusable, _ = _config_file(tmp_path / "u", replay={"jsonl_path": str(blocker / "r.jsonl")})
+    records = tmp_path / "replay.jsonl"
+    parts = assemble(replace(config, replay=replace(config.replay, jsonl_path=str(records))),
+                     clock=clock)
+    body = orjson.dumps({"model": "auto", "messages": [{"role": "user", "content": "hi"}]})
+    routed = LocalDriver(parts.router).route(Api.CHAT, {"x-session-id": "codes"}, body)
+    parts.close()
+    (tmp_path / "empty.jsonl").write_text("")
+    servers = {"http404": _Replays(404), "http403": _Replays(403)}
+    names = {"good": good, "schema": schema, "unusable": unusable, "records": records,
+             "id": routed.replay_id, "empty": tmp_path / "empty.jsonl", "tmp": tmp_path,
+             "nobody": f"http://127.0.0.1:{free_port()}",
+             **{name: server.url for name, server in servers.items()}}
+    try:
+        try:
+            got = main([a.format(**names) for a in args])
+        except SystemExit as exit_:  # argparse's usage errors
+            got = exit_.code
+    finally:
+        for server in servers.values():
+            server.close()
+    err = capsys.readouterr().err
+    assert got == code, err
+    assert "Traceback" not in err
+    if code == 2:  # one line: ``saar: ...`` (argparse: ``saar check: error: ...``)
+        assert err.splitlines()[-1].startswith("saar"), err
+
+
+def test_a_replay_id_the_server_does_not_know_exits_1_an_http_error_2(capsys):
+    for status, code, said in ((404, 1, "replay id rp-x not found at"),
+                               (403, 2, "saar: {url}/v1/replay/rp-x: HTTP 403: why")):
+        server = _Replays(status)
+        try:
+            assert main(["replay", "show", "rp-x", "--url", server.url]) == code
+        finally:
+            server.close()
+        assert said.format(url=server.url) in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("flags", "level"), [
+    ([], "warning"),  # the file's
+    (["--log-level", "error"], "error"),
+    (["-v"], "debug"),
+])
+def test_serve_takes_its_log_level_from_the_file_or_the_flags(tmp_path, flags, level):
+    from extproc.cli import _serve_config, build_parser
+
+    path, _ = _config_file(tmp_path, logging={"level": "warning", "format": "json"})
+    verbose = ["-v"] if flags == ["-v"] else []
+    args = build_parser().parse_args([*verbose, "serve", "--config", str(path),
+                                      *[f for f in flags if f != "-v"]])
+    config = _serve_config(args, reloading=True)  # reloading: the logging is left alone
+    assert (config.logging.level, config.logging.format) == (level, "json")

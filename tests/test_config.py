@@ -123,15 +123,112 @@ def test_a_bad_config_fails_the_cli_without_a_traceback(tmp_path, capsys):
     bad.write_text("models: {m: {cluster: m, quality: 7}}\n")
     assert main(["serve", "--config", str(bad)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"saar: {bad}: models.m.quality: must be less than or equal to 1")
+    assert err.startswith(f"saar: {bad}:1: models.m.quality: must be less than or equal to 1")
     assert "Traceback" not in err
 
 
 def test_unreadable_file(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("models: [unclosed")
-    with pytest.raises(ConfigError, match=r"bad\.yaml: cannot read YAML"):
+    with pytest.raises(ConfigError, match=r"bad\.yaml:1: cannot read YAML: while parsing a "
+                       r"flow sequence; expected ',' or '\]'"):
         load_config(bad)
+    with pytest.raises(ConfigError, match=r"missing\.yaml: cannot read: No such file"):
+        load_config(tmp_path / "missing.yaml")
+
+
+# --- issue 32: duplicate keys, file:line, did you mean ----------------------------------------
+
+_MODELS = """\
+models:
+  m:
+    cluster: m
+    endpoints: [a:1]
+    quality: 0.5
+  n:
+    cluster: n
+routing:
+  logical_models: [auto]
+  decisions:
+    - name: only
+      modelRefs:
+        - model: m
+        - model: n
+"""
+"""A config whose keys sit on known lines (models.m.quality: line 5; the decision: line 11)."""
+
+
+def _with(old: str, new: str) -> str:
+    assert _MODELS.count(old) == 1, old
+    return _MODELS.replace(old, new)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    pytest.param(_with("    quality: 0.5\n", "    quality: 0.5\n    endpoints: [b:2]\n"),
+                 "saar.yaml:6: models.m.endpoints: duplicate key (first at line 4)",
+                 id="a model's endpoints twice"),
+    pytest.param(_MODELS + "models: {}\n", "saar.yaml:15: models: duplicate key (first at line 1)",
+                 id="a section twice"),
+    pytest.param(_with("    - name: only\n", "    - name: only\n      name: again\n"),
+                 "saar.yaml:12: routing.decisions[0].name: duplicate key (first at line 11)",
+                 id="in a list's item"),
+    pytest.param(_with("    quality: 0.5", "    qualty: 0.5"),
+                 "saar.yaml:5: models.m.qualty: unknown key (did you mean 'quality'?)",
+                 id="did you mean, in a model"),
+    pytest.param(_MODELS + "limts: {max_body_bytes: 1}\n",
+                 "saar.yaml:15: limts: unknown key (did you mean 'limits'?)",
+                 id="did you mean, at the top"),
+    pytest.param(_with("    - name: only\n",
+                       "    - name: only\n      algorithm: {session_aware: {stay_bais: 1}}\n"),
+                 "saar.yaml:12: routing.decisions[0].algorithm.session_aware.stay_bais: unknown "
+                 "key (did you mean 'stay_bias'?)", id="did you mean, deep in a list"),
+    pytest.param(_MODELS + "scheduling: {prefix: {mdoe: precise}}\n",
+                 "saar.yaml:15: scheduling.prefix.mdoe: unknown key (did you mean 'mode'?)",
+                 id="did you mean, in a section"),
+    pytest.param(_MODELS + "frobnicate: 1\n", "saar.yaml:15: frobnicate: unknown key",
+                 id="no near miss"),
+    pytest.param(_with("    quality: 0.5", "    quality: 7"),
+                 "saar.yaml:5: models.m.quality: must be less than or equal to 1, got 7",
+                 id="a value out of range"),
+    pytest.param(_with("    cluster: n\n", "    quality: 0.5\n"),
+                 "saar.yaml:6: models.n.cluster: required key is missing",
+                 id="a missing key: its mapping's line"),
+    pytest.param(_with("        - model: n\n", "        - model: gpt-9\n"),
+                 "saar.yaml:14: routing.decisions[0].modelRefs[1].model: unknown model 'gpt-9'",
+                 id="a reference"),
+    pytest.param(_MODELS + "scheduling:\n  scorers:\n    prefx: 1\n",
+                 "saar.yaml:17: scheduling.scorers.prefx: unknown scorer (did you mean "
+                 "'prefix'?)", id="a scorer's name"),
+    pytest.param(_MODELS + "logging: {format: yaml}\n",
+                 "saar.yaml:15: logging.format: must be 'text' or 'json', got 'yaml'",
+                 id="the log format"),
+    pytest.param("models:\n  m: {cluster: m\n", "saar.yaml:3: cannot read YAML",
+                 id="YAML that does not parse"),
+])
+def test_a_config_error_names_the_file_line_and_key(tmp_path, text, message):
+    path = tmp_path / "saar.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    first = str(info.value).splitlines()[0]
+    assert first.startswith(f"{tmp_path}/{message}"), first
+
+
+def test_a_merge_key_is_no_duplicate_and_the_explicit_key_wins(tmp_path):
+    path = tmp_path / "saar.yaml"
+    path.write_text("_tier: &tier {cluster: m, quality: 0.2}\n" + _MODELS.replace(
+        "  m:\n    cluster: m\n", "  m:\n    <<: *tier\n"))
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == f"{path}:1: _tier: unknown key"  # and nothing about models.m
+    path.write_text(_MODELS.replace("  m:\n    cluster: m\n", "  m:\n    <<: {cluster: m, "
+                                    "quality: 0.2}\n"))
+    assert load_config(path).models["m"].quality == 0.5
+
+
+def test_the_logging_section_defaults_to_text_at_info(example_data):
+    logging = parse_config(example_data).logging
+    assert (logging.level, logging.format) == ("info", "text")
 
 
 @pytest.mark.parametrize(("routing", "own", "strips"), [
@@ -158,3 +255,4 @@ def test_a_bad_preamble_pattern_names_its_key(example_data):
     where = r"saar\.yaml: routing\.prompt_normalisation\.volatile_preambles\[1\]"
     with pytest.raises(ConfigError, match=where):
         parse_config(data, source="saar.yaml")
+

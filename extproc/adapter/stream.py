@@ -25,8 +25,10 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
 from ..core import exchange as ex
 from ..errors import RoutingError
+from ..observability import logs
 from ..observability.metrics import Metrics
 from ..state.layer import StateLayer
+from ..state.records import Turn
 from ..state.store import Facts
 from .codec import Decoder, Routing, error_response, hold_reply, replies
 from .gate import ParseThread
@@ -57,6 +59,7 @@ class Stream:
         self._routing = io.routing.rendered() if rendered else io.routing
         self._decoder = Decoder()
         self._early: asyncio.Task[Facts] | None = None
+        logs.open_request()  # this task's log lines name the request (``observability.logs``)
         self.done = False
         """An observe stream has nothing left to learn: the servicer ends it."""
 
@@ -74,6 +77,8 @@ class Stream:
         """The replies to one message, as they are made (none: Envoy expects none yet)."""
         sent = False
         for event in self._decoder.events(message):
+            if isinstance(event, ex.Observe) and event.turn is not None:
+                logs.tag(event.turn.replay_id, _session_id(event.turn))
             async for reply in self._run(self._exchange.handle(event)):
                 sent = True
                 yield reply
@@ -113,6 +118,8 @@ class Stream:
         while queue:
             command = queue.pop(0)
             if isinstance(command, _REPLIES):
+                if isinstance(command, ex.Route | ex.Refuse) and log.isEnabledFor(logging.DEBUG):
+                    _told(command)
                 for reply in replies(command, self._routing):
                     yield reply
             elif isinstance(command, ex.Apply):
@@ -131,7 +138,10 @@ class Stream:
                 facts = await io.state.load(command.query)
                 queue[:0] = self._exchange.handle(ex.Loaded(facts))
             elif isinstance(command, ex.Parse):
-                queue[:0] = self._exchange.handle(await self._parse(command))
+                parsed = await self._parse(command)
+                if parsed.request is not None:
+                    logs.tag(session=parsed.request.identity.session_id)
+                queue[:0] = self._exchange.handle(parsed)
             elif isinstance(command, ex.Hold):
                 yield hold_reply(command.timeout)  # Envoy waits this much longer
                 late = await io.waker.wait(command.kind, command.key, command.timeout,
@@ -151,6 +161,22 @@ class Stream:
             return ex.Parsed(command.job())
         except RoutingError as exc:
             return ex.Parsed(None, exc)
+
+
+def _told(command: ex.Route | ex.Refuse) -> None:
+    """One debug line a decision (its replay id and session ride along as tags)."""
+    if isinstance(command, ex.Refuse):
+        log.debug("refused: %s %s", command.error.status, command.error.code)
+        return
+    routed = command.routed
+    log.debug("routed to %s (decision %s, %s), worker %s", routed.model, routed.turn.decision,
+              routed.turn.phase.value, routed.placement.worker or "left to Envoy")
+
+
+def _session_id(turn: Turn) -> str | None:
+    """The session's id as its client named it (the turn carries it scoped by tenant)."""
+    key, scope = turn.session_key, f"{turn.tenant}/"
+    return key[len(scope):] if key is not None and key.startswith(scope) else key
 
 
 async def process(

@@ -39,6 +39,7 @@ from ..apis import (
 )
 from ..config import Config
 from ..errors import LockedModelDown, RequestShed, RoutingError, SessionPaused
+from ..observability import logs
 from ..observability.metrics import Metrics
 from ..scheduling.flow import Arrival, Entered
 from ..scheduling.latency import Features
@@ -342,6 +343,7 @@ class Router:
         state = facts.session if identity.key == facts.session_key else None
         identity = parented(identity, state.parent if state is not None else None,
                             _spawner(request, facts))
+        logs.tag(replay_id, identity.session_id)  # this stream's log lines name both
         side_tokens = self.config.routing.side_request_max_tokens
         standing = side.standing(summary, state, side_tokens)
         # A side request, and the main loop's first after only light ones, are decided and
@@ -583,6 +585,7 @@ class Router:
         identity = chained(request.identity, facts.session_key)
         state = facts.session if identity.key == facts.session_key else None
         replay_id = self._new_id()
+        logs.tag(replay_id, identity.session_id)
         self.journal.decided(Decided(
             replay_id, self.clock(), request.summary, identity, error.decision, Placement(()),
             state, None, request.headers.get("traceparent"), holds=tuple(holds)))

@@ -9,7 +9,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -75,6 +75,18 @@ class Scheduler:
                                    if isinstance(s, ActiveSessionsScorer | LoraAffinityScorer))
         """The scorers whose per-session slots hang on the session table (told when a session
         leaves it)."""
+
+    def reweigh(self, weights: Mapping[str, float], overlap_weight: float | None = None) -> None:
+        """New weights for the scorers built at start (one missing from ``weights``: 0) and,
+        in the Dynamo cost form, a new overlap weight: what SIGHUP changes without a restart.
+        A scorer not built at start cannot be added here."""
+        self.scorers = tuple((s, float(weights.get(_name(s), 0.0))) for s, _ in self.scorers)
+        if self.cost is not None and overlap_weight is not None:
+            self.cost.overlap_weight = overlap_weight
+
+    def weights(self) -> dict[str, float]:
+        """The scorers built at start, by name, with their weights now."""
+        return {_name(s): w for s, w in self.scorers}
 
     def placed_worker(self, session_key: str | None) -> str | None:
         """Where the live session ``session_key`` was last placed (None: not known)."""

@@ -115,6 +115,18 @@ class WorkerRegistry:
         index can be dropped). A bad file raises ``ConfigError`` and changes nothing."""
         return self.set_source("file", load_workers_file(path, known=self._configured.keys()))
 
+    def set_configured(self, models: Mapping[str, Model]) -> tuple[str, ...]:
+        """Replace the workers the config names (``endpoints``, ``workers``) of the models
+        already known (a new config's, on SIGHUP; a model added or removed needs a restart);
+        workers that stay keep their signals and in-flight counts. Returns the addresses that
+        left every pool."""
+        before = {w.address for w in self._all()}
+        for name in self._configured:
+            if name in models:
+                self._configured[name] = _specs(models[name])
+        self._rebuild()
+        return tuple(sorted(before - {w.address for w in self._all()}))
+
     def set_source(self, name: str, specs: Mapping[str, tuple[WorkerSpec, ...]]) -> tuple[str, ...]:
         """Replace the workers source ``name`` brings (``{model: specs}``, models unknown to
         the config ignored); workers that stay keep their signals and in-flight counts.

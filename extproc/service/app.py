@@ -18,6 +18,7 @@ import gc
 import logging
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -38,6 +39,7 @@ from ..observability.metrics import Metrics
 from ..state.layer import StateLayer
 from . import runtime
 from .http_api import build_http_app
+from .reload import Reloader
 from .replay_service import ReplayService
 from .roles import pool_config
 from .tasks import Background
@@ -241,7 +243,9 @@ def _discovery(config: Config, parts: Parts) -> KubernetesDiscovery | None:
     return discovery
 
 
-async def serve_forever(config: Config) -> None:
+async def serve_forever(config: Config, reload: Callable[[], Config] | None = None) -> None:
+    """Serve until SIGTERM or SIGINT. ``reload`` reads the config again on SIGHUP
+    (``service.reload``: what can change without a restart is applied, the rest named)."""
     service = await start(config)
     # What the start made (modules, the config, the servers) lives as long as the process:
     # out of the collector's sight, a full collection (which stops the event loop) scans only
@@ -252,6 +256,8 @@ async def serve_forever(config: Config) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    reloader = Reloader(service, reload or (lambda: config))
+    loop.add_signal_handler(signal.SIGHUP, reloader.request)
     tls = " (TLS)" if config.server.tls.enabled else ""
     health_port = f", health on {service.health_port}" if service.health_port else ""
     pool = service.parts.config.scheduling.pool_name
@@ -259,5 +265,7 @@ async def serve_forever(config: Config) -> None:
     print(f"saar: ext_proc on {config.server.host}:{service.grpc_port}{tls}, "
           f"http on {config.server.host}:{service.http_port}{health_port}{role}", flush=True)
     await stop.wait()
+    loop.remove_signal_handler(signal.SIGHUP)
+    await reloader.stop()
     await service.drain(config.server.drain_seconds)
     await service.stop()

@@ -224,13 +224,18 @@ class Background:
             return
         self._mtime = mtime
         removed = self._pools.registry.reload_file(path)
+        await self.workers_changed(removed)
+        log.info("workers file %s reloaded; %d workers left the pools", path, len(removed))
+
+    async def workers_changed(self, removed: tuple[str, ...]) -> None:
+        """The pools changed (the workers file, a config reloaded): forget what the workers
+        that left had, follow the KV events of those that came."""
         for address in removed:
             self._pools.index.forget(address)
             subscriber = self._subscribers.pop(address, None)
             if subscriber is not None:
                 await subscriber.stop()
         self._subscribe()
-        log.info("workers file %s reloaded; %d workers left the pools", path, len(removed))
 
     def _subscribe(self) -> None:
         """Precise prefix mode: follow the KV events of every worker that publishes them."""
