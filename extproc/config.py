@@ -536,6 +536,11 @@ class PrefixIndexConfig:
     block_size: AtLeastOne = 16
     """Precise index: tokens per KV block, as the engines cut them (vLLM's ``--block-size``:
     16 by default on GPUs, 128 on its CPU backend)."""
+    kv_events_listen: StrictStr | None = None
+    """Precise index: a ZMQ endpoint the router binds (``tcp://*:5557``) for engines that
+    connect to it — vLLM connects to a ``tcp://`` endpoint that names a host, binds one with
+    ``*`` or an ``ipc://`` one (``workers[].kv_events``, which the router connects to). Each
+    engine names its worker in its topic: ``HOST:PORT`` or llm-d's ``kv@HOST@MODEL``."""
     tier_weights: TierWeightsConfig = field(default_factory=TierWeightsConfig)
     shared_pool: SharedPoolConfig = field(default_factory=SharedPoolConfig)
 
@@ -1098,6 +1103,9 @@ def _check_scheduling(scheduling: Scheduling, source: str) -> None:
     if scheduling.prefix.mode == "precise" and not scheduling.prefix.tokenizer:
         raise ConfigError(f"{source}: scheduling.prefix.tokenizer: precise mode needs the "
                           "path of the model's tokenizer.json")
+    if scheduling.prefix.kv_events_listen and scheduling.prefix.mode != "precise":
+        raise ConfigError(f"{source}: scheduling.prefix.kv_events_listen: KV events feed the "
+                          "precise index only (scheduling.prefix.mode: precise)")
     admission = scheduling.admission
     if admission.pause_threshold <= admission.resume_target:
         raise ConfigError(f"{source}: scheduling.admission.pause_threshold: must be above "

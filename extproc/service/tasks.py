@@ -23,7 +23,7 @@ from ..scheduling.pacing import Pace, ScrapePacer
 from ..scheduling.placement import Pools
 from ..scheduling.prefix_index import ApproximatePrefixIndex
 from ..types import Clock
-from .kv_subscriber import KVEventSubscriber, SharedPoolSubscriber, ZmqFeed
+from .kv_subscriber import KVEventListener, KVEventSubscriber, SharedPoolSubscriber, ZmqFeed
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,8 @@ FLOW_TICK_SECONDS = 0.05
 queued or in flight (a finished request frees room before any scrape shows it)."""
 SHARED_POOL = "shared-pool"
 """The shared pool's feed among the subscribers (keyed by worker address otherwise)."""
+LISTENER = "listener"
+"""The feed of the engines that connect to the router's own endpoint."""
 
 
 class Background:
@@ -73,6 +75,11 @@ class Background:
         if scheduling.hints.enabled:
             self._spawn("kv-hints", self._deliver_hints, scheduling.hints.flush_seconds)
         self._subscribe()
+        index, listen = self._pools.index, scheduling.prefix.kv_events_listen
+        if isinstance(index, PreciseKVIndex) and listen:
+            listener = KVEventListener(index, listen, self._pools.all_workers)
+            self._subscribers[LISTENER] = listener
+            listener.start()
         pool, shared = self._pools.shared_pool, scheduling.prefix.shared_pool
         if pool is not None and shared.endpoint:
             feed = SharedPoolSubscriber(pool, shared.endpoint, shared.topic)
