@@ -83,6 +83,28 @@ class Tls:
             raise ValueError("cert_file and key_file go together")
 
 
+NOTICE_SECONDS = 1.0
+DRAIN_TIMEOUT_SECONDS = 25.0
+
+
+@dataclass(frozen=True, config=_SCHEMA)
+class Drain:
+    """What the service does on SIGTERM (and SIGINT), so that a rolling update loses no
+    request: it says not ready at once (gRPC health ``readiness`` NOT_SERVING, ``/readyz``
+    503), goes on taking new streams for ``notice_seconds`` while Envoy's health check (or a
+    gateway's endpoints) moves them to the other replicas, then refuses new streams and waits
+    for those in flight — a long prefill, a streamed answer, a held request — to end, at most
+    ``timeout_seconds``; then it stops. A pod's ``terminationGracePeriodSeconds`` must
+    outlast its preStop sleep, the notice and the timeout (the Helm chart checks it)."""
+
+    notice_seconds: NonNegative = NOTICE_SECONDS
+    """Not ready but still taking new streams: at least one interval of the health check that
+    routes to this replica (``saar envoy-config``'s is 0.5 s)."""
+    timeout_seconds: NonNegative = DRAIN_TIMEOUT_SECONDS
+    """The longest wait for the streams in flight; those still open then are cut (below
+    Kubernetes' default grace period of 30 s)."""
+
+
 @dataclass(frozen=True, config=_SCHEMA)
 class Server:
     host: StrictStr = "127.0.0.1"
@@ -90,14 +112,26 @@ class Server:
     grpc_port: Port = 9002
     """ext_proc, gRPC health and the ``saar.v1.Replay`` service."""
     http_port: Port = 9090
-    """``/metrics``, ``/healthz``, the replay API (``/v1/replay``, ``/v1/sessions``,
-    ``/v1/timeline``) and the web view (``/ui``)."""
-    drain_seconds: NonNegative = 1.0
-    """On SIGTERM: not ready for this long (Envoy's health check moves new streams to the
-    other replicas) before the server stops."""
+    """``/metrics``, ``/healthz`` (live), ``/readyz`` (ready: 503 while starting or draining),
+    the replay API (``/v1/replay``, ``/v1/sessions``, ``/v1/timeline``) and the web view
+    (``/ui``)."""
+    drain: Drain = field(default_factory=Drain)
+    drain_seconds: NonNegative | None = None
+    """Deprecated: the old name of ``drain.notice_seconds`` (an old config keeps loading, its
+    value the notice); give one of the two."""
     tls: Tls = field(default_factory=Tls)
     health_port: Port | None = None
     """A plaintext port serving gRPC health only (kubelet's gRPC probes cannot speak TLS)."""
+
+    def __post_init__(self) -> None:
+        if self.drain_seconds is not None and self.drain.notice_seconds != NOTICE_SECONDS:
+            raise ValueError("drain_seconds is the deprecated name of drain.notice_seconds: "
+                             "give drain.notice_seconds only")
+
+    @property
+    def notice_seconds(self) -> float:
+        """The drain's notice: ``drain.notice_seconds``, or the deprecated ``drain_seconds``."""
+        return self.drain.notice_seconds if self.drain_seconds is None else self.drain_seconds
 
 
 @dataclass(frozen=True, config=_SCHEMA)

@@ -256,3 +256,19 @@ def test_a_bad_preamble_pattern_names_its_key(example_data):
     with pytest.raises(ConfigError, match=where):
         parse_config(data, source="saar.yaml")
 
+
+
+def test_the_drain_defaults_and_the_deprecated_drain_seconds(example_data):
+    """``server.drain_seconds`` (the old single number) keeps loading as the drain's notice;
+    given beside ``drain.notice_seconds`` it is refused, not silently picked."""
+    example_data.setdefault("server", {}).pop("drain_seconds", None)
+    server = parse_config(example_data).server
+    assert (server.notice_seconds, server.drain.timeout_seconds) == (1.0, 25.0)
+    example_data["server"]["drain_seconds"] = 0.2
+    assert parse_config(example_data).server.notice_seconds == 0.2
+    example_data["server"]["drain"] = {"notice_seconds": 3, "timeout_seconds": 40}
+    with pytest.raises(ConfigError, match="drain_seconds is the deprecated name"):
+        parse_config(example_data)
+    del example_data["server"]["drain_seconds"]
+    server = parse_config(example_data).server
+    assert (server.notice_seconds, server.drain.timeout_seconds) == (3, 40)

@@ -478,7 +478,10 @@ def _processor_cluster(name: str, ports: EnvoyPorts,
     of routing (fail closed). One stream per HTTP request, so the default limit of 1,024
     concurrent requests would cap the proxy; it is lifted. Replicas are balanced round robin;
     one that stops answering is ejected at its first failed connection and found by the gRPC
-    health check (``readiness``, which a draining replica turns off first)."""
+    health check (``readiness``, which a draining replica turns off first). The check runs
+    every half second from the start: Envoy's default for a cluster that has carried no
+    traffic yet is once a minute, and the timer set then outlives the first requests, so a
+    replica draining in a fresh Envoy's first minute went on getting new streams."""
     endpoints = ports.processors
     limit = 1_000_000
     cluster: dict[str, Any] = {
@@ -501,6 +504,7 @@ def _processor_cluster(name: str, ports: EnvoyPorts,
             {
                 "timeout": "0.5s",
                 "interval": "0.5s",
+                "no_traffic_interval": "0.5s",
                 "unhealthy_threshold": 1,
                 "healthy_threshold": 1,
                 "grpc_health_check": {"service_name": "readiness"},

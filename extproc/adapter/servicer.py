@@ -23,6 +23,8 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
         """``exchange`` makes a new exchange (one per stream)."""
         self._exchange = exchange
         self._io = io
+        self.streams = 0
+        """Streams open now (routing, picking and observing alike): what a drain waits for."""
 
     def close(self) -> None:
         """Stop the parse thread (the service is stopping)."""
@@ -37,12 +39,17 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
         # An async generator itself: gRPC tells a streaming handler by its function's kind.
         rendered = any(key == RENDERS_KEY for key, _ in context.invocation_metadata() or ())
         stream = Stream(self._exchange(), self._io, rendered=rendered)
-        async for reply in process(stream, request_iterator, self._io.metrics):
-            yield reply
-        if not stream.done:
-            # Envoy ends every stream with a half-close and a reset at once
-            # (ExternalProcessorStreamImpl::close). A status sent now fails on the reset
-            # stream, and grpc.aio leaks a failed batch's ops (grpc/grpc#43360): ~80 bytes a
-            # request, the soak's creep. The reset cancels this wait, and the handler ends
-            # without a status; a client that half-closes and waits gets it a little later.
-            await asyncio.sleep(RESET_WAIT_SECONDS)
+        self.streams += 1
+        try:
+            async for reply in process(stream, request_iterator, self._io.metrics):
+                yield reply
+            if not stream.done:
+                # Envoy ends every stream with a half-close and a reset at once
+                # (ExternalProcessorStreamImpl::close). A status sent now fails on the reset
+                # stream, and grpc.aio leaks a failed batch's ops (grpc/grpc#43360): ~80 bytes
+                # a request, the soak's creep. The reset cancels this wait, and the handler
+                # ends without a status; a client that half-closes and waits gets it a little
+                # later.
+                await asyncio.sleep(RESET_WAIT_SECONDS)
+        finally:
+            self.streams -= 1

@@ -31,6 +31,7 @@ from typing import IO, Any
 import yaml
 
 from ..adapter.bootstrap import EnvoyPorts, GatewayPool, ProcessorTls, bootstrap, gateway_bootstrap
+from ..adapter.contract import OBSERVER, PROCESSOR
 from ..config import parse_config
 
 READY_TIMEOUT = 30.0
@@ -143,14 +144,15 @@ class Service:
                                      cwd=self._workdir)
         self._ready(self.proc)
 
-    def stop(self, *, kill: bool = False) -> None:
-        """Graceful (SIGTERM, then wait) unless ``kill`` (SIGKILL: a crash)."""
+    def stop(self, *, kill: bool = False, timeout: float = 10.0) -> None:
+        """Graceful (SIGTERM, then wait ``timeout`` seconds: a processor drains meanwhile,
+        ``server.drain``) unless ``kill`` (SIGKILL: a crash)."""
         proc = self.proc
         if proc is None or proc.poll() is not None:
             return
         proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
         try:
-            proc.wait(timeout=10)
+            proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
@@ -238,6 +240,26 @@ class Stack:
     def stop(self) -> None:
         for service in reversed(self.services):
             service.close()
+
+    def healthy_processors(self) -> int:
+        """The replicas Envoy sends new streams to: its health check finds them ready (the
+        fewer of its two processor clusters, routing and observing)."""
+        stats = self.envoy_stats("cluster.saar_extproc")
+        return min(stats.get(f"cluster.{name}.membership_healthy", 0)
+                   for name in (PROCESSOR, OBSERVER))
+
+    def restart_processor(self, index: int, *, drain_timeout: float = 60.0) -> None:
+        """One step of a rolling restart: SIGTERM replica ``index`` (it drains:
+        ``server.drain``), start it again on its ports, and return once Envoy's health check
+        sends it streams again."""
+        service = self.processors[index].service
+        service.stop(timeout=drain_timeout)
+        service.start()
+        deadline = time.monotonic() + READY_TIMEOUT
+        while self.healthy_processors() < len(self.processors):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Envoy never found {service.name} ready again")
+            time.sleep(0.05)
 
     def continuity(self) -> dict[str, Counter[str]]:
         """The simulators' continuity oracles summed: ``violations`` (ids a worker was handed
@@ -517,7 +539,7 @@ def run_stack(
                 argv = [sys.executable, "-m", "extproc", "serve", "--config", str(config_path),
                         "--grpc-port", str(grpc_port), "--http-port", str(http_port)]
                 service = spawn(name, argv, functools.partial(
-                    wait_http, f"http://127.0.0.1:{http_port}/healthz"))
+                    wait_http, f"http://127.0.0.1:{http_port}/readyz"))
             else:
                 service = spawn(name, processor(grpc_port), functools.partial(wait_tcp, grpc_port))
             processors.append(Processor(service, grpc_port, http_port))
@@ -595,7 +617,7 @@ def run_gateway(
         argv = [sys.executable, "-m", "extproc", "serve", "--config", str(path),
                 "--grpc-port", str(grpc_port), "--http-port", str(http_port), *extra]
         service = spawn(name, argv,
-                        functools.partial(wait_http, f"http://127.0.0.1:{http_port}/healthz"))
+                        functools.partial(wait_http, f"http://127.0.0.1:{http_port}/readyz"))
         return Processor(service, grpc_port, http_port)
 
     try:

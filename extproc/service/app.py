@@ -2,10 +2,11 @@
 ``server.tls.enabled``), an optional plaintext health port, and the HTTP port. The only module
 that owns sockets and background tasks.
 
-Health: ``liveness`` serves while the process does. ``readiness`` (and the ext_proc service's
-own name, as the Endpoint Picker Protocol asks) is NOT_SERVING until the workers are known —
-Kubernetes discovery has listed the pool's pods — and the shared store has answered once; then
-it serves until the drain. A store outage later does not take readiness down: the state layer
+Health (``readiness``): ``liveness`` and ``/healthz`` serve while the process does.
+``readiness`` (and the ext_proc service's own name, as the Endpoint Picker Protocol asks) and
+``/readyz`` say not ready until the workers are known — Kubernetes discovery has listed the
+pool's pods — and the shared store has answered once; then ready until the drain
+(``RunningService.drain``). A store outage later does not take readiness down: the state layer
 serves from local state meanwhile, and every replica turning unready at once would fail all
 traffic closed.
 """
@@ -19,13 +20,13 @@ import logging
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import grpc
 from aiohttp import web
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health, health_pb2_grpc
 
 from .._proto import replay_pb2_grpc
 from ..adapter.codec import Routing
@@ -39,6 +40,7 @@ from ..observability.metrics import Metrics
 from ..state.layer import StateLayer
 from . import runtime
 from .http_api import build_http_app
+from .readiness import Readiness
 from .reload import Reloader
 from .replay_service import ReplayService
 from .roles import pool_config
@@ -52,11 +54,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-HEALTH_SERVICES = ("", "liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor")
-READY_SERVICES = ("readiness", "envoy.service.ext_proc.v3.ExternalProcessor")
 READY_POLL_SECONDS = 0.1
-SERVING = health_pb2.HealthCheckResponse.SERVING
-NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 @dataclass
@@ -69,23 +67,40 @@ class RunningService:
     http_port: int
     background: Background
     health: health.aio.HealthServicer
+    readiness: Readiness
     health_server: grpc.aio.Server | None = None
     health_port: int | None = None
     discovery: KubernetesDiscovery | None = None
     certificates: CertificateFiles | None = None
     telemetry: Telemetry | None = None
     processor: ExternalProcessor | None = None
-    ready: asyncio.Event = field(default_factory=asyncio.Event)
     _gate: asyncio.Task[None] | None = None
-    _draining: bool = False
 
-    async def drain(self, seconds: float) -> None:
-        """Say not ready (Envoy's health check stops sending new streams here), then give
-        the streams in flight time to end: a rolling update loses no request."""
-        self._draining = True
-        for name in READY_SERVICES:
-            await self.health.set(name, NOT_SERVING)
-        await asyncio.sleep(seconds)
+    @property
+    def ready(self) -> asyncio.Event:
+        """Set once the replica is ready (``readiness``)."""
+        return self.readiness.ready
+
+    async def drain(self, notice: float, timeout: float) -> None:
+        """The drain of a rolling update, which loses no request (``config.Drain``): not
+        ready at once; new streams still taken for ``notice`` seconds, while Envoy's health
+        check (or a gateway's endpoints) moves them to the other replicas; then new streams
+        refused and those in flight — routing, picking, observing: a long prefill, a streamed
+        answer, a held request — awaited, at most ``timeout`` seconds, the rest cut. The gRPC
+        port is closed when this returns; the HTTP port still answers (``/readyz``: 503)."""
+        await self.readiness.drain()
+        log.info("draining: not ready; new streams taken for %.1f s more", notice)
+        await asyncio.sleep(notice)
+        open_now = self.processor.streams if self.processor is not None else 0
+        log.info("draining: new streams refused; waiting up to %.1f s for the %d in flight",
+                 timeout, open_now)
+        began = time.monotonic()
+        await self.grpc_server.stop(grace=timeout)
+        took = time.monotonic() - began
+        if took >= timeout and open_now:
+            log.warning("drained: the streams still open after %.1f s were cut", timeout)
+        else:
+            log.info("drained: every stream ended (%.1f s)", took)
 
     async def _readiness(self) -> None:
         """Serve ``readiness`` once the workers are synced and the store has answered. The
@@ -117,10 +132,7 @@ class RunningService:
         if failures:
             log.info("ready: the shared store answers (after %d failed pings, %.0f s)",
                      failures, time.monotonic() - since)
-        if not self._draining:
-            for name in READY_SERVICES:
-                await self.health.set(name, SERVING)
-            self.ready.set()
+        await self.readiness.set_ready()
 
     async def stop(self) -> None:
         if self._gate is not None:
@@ -177,8 +189,8 @@ async def start(config: Config, parts: Parts | None = None) -> RunningService:
         ReplayService(telemetry.lookup, telemetry.auth), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    for name in HEALTH_SERVICES:
-        await health_servicer.set(name, NOT_SERVING if name in READY_SERVICES else SERVING)
+    readiness = Readiness(health_servicer)
+    await readiness.start()
     address = f"{config.server.host}:{config.server.grpc_port}"
     certificates = None
     if config.server.tls.enabled:
@@ -196,7 +208,7 @@ async def start(config: Config, parts: Parts | None = None) -> RunningService:
             f"{config.server.host}:{config.server.health_port}")
         await health_server.start()
 
-    runner = web.AppRunner(build_http_app(parts, telemetry), access_log=None)
+    runner = web.AppRunner(build_http_app(parts, telemetry, readiness), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, config.server.host, config.server.http_port)
     await site.start()
@@ -205,12 +217,10 @@ async def start(config: Config, parts: Parts | None = None) -> RunningService:
     background.start()
     discovery = _discovery(config, parts)
     running = RunningService(parts, state, server, runner, grpc_port, http_port, background,
-                             health_servicer, health_server, health_port, discovery,
-                             certificates, telemetry, processor)
+                             health_servicer, readiness, health_server, health_port,
+                             discovery, certificates, telemetry, processor)
     if discovery is None and state.shared is None:
-        for name in READY_SERVICES:  # nothing to wait for
-            await health_servicer.set(name, SERVING)
-        running.ready.set()
+        await readiness.set_ready()  # nothing to wait for
     else:
         running._gate = asyncio.create_task(running._readiness(), name="readiness-gate")
     return running
@@ -267,5 +277,5 @@ async def serve_forever(config: Config, reload: Callable[[], Config] | None = No
     await stop.wait()
     loop.remove_signal_handler(signal.SIGHUP)
     await reloader.stop()
-    await service.drain(config.server.drain_seconds)
+    await service.drain(config.server.notice_seconds, config.server.drain.timeout_seconds)
     await service.stop()

@@ -1,6 +1,10 @@
-"""The processor's HTTP port: Prometheus ``/metrics`` and ``/healthz`` (open), and the admin
-surfaces behind ``AdminAuth``: the replay API, session lists and timelines, and the web view.
+"""The processor's HTTP port: Prometheus ``/metrics``, ``/healthz`` and ``/readyz`` (open), and
+the admin surfaces behind ``AdminAuth``: the replay API, session lists and timelines, and the
+web view.
 
+    GET  /healthz                         200 while the process serves (liveness)
+    GET  /readyz                          200 while it takes new streams, 503 while it starts
+                                          (before its workers and store are there) or drains
     GET  /v1/replay/{id}                  one record
     GET  /v1/replay?session_id=S[&tenant=T]   a session's records (T: the admin's choice)
     GET  /v1/sessions[?limit=N]           recent sessions, summarised: every replica's with a
@@ -28,10 +32,12 @@ from ..assembly import Parts
 from ..observability.sessions import summarize
 from ..observability.timeline import timeline
 from .admin import COOKIE, COOKIE_SECONDS, Caller, Denied
+from .readiness import Readiness
 from .telemetry import Telemetry
 
 PARTS_KEY = web.AppKey("parts", Parts)
 TELEMETRY_KEY = web.AppKey("telemetry", Telemetry)
+READINESS_KEY = web.AppKey("readiness", Readiness)
 MAX_SESSIONS_LISTED = 500
 _UI = resources.files(__package__) / "ui"
 _NOT_FOUND = {"error": "unknown replay id"}
@@ -49,6 +55,12 @@ async def _metrics(request: web.Request) -> web.Response:
 
 async def _healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
+
+
+async def _readyz(request: web.Request) -> web.Response:
+    readiness = request.app[READINESS_KEY]
+    return web.json_response({"status": readiness.state},
+                             status=200 if readiness.serving else 503)
 
 
 async def _replay_one(request: web.Request, caller: Caller) -> web.Response:
@@ -158,12 +170,14 @@ def _admin(
     return checked
 
 
-def build_http_app(parts: Parts, telemetry: Telemetry) -> web.Application:
+def build_http_app(parts: Parts, telemetry: Telemetry, readiness: Readiness) -> web.Application:
     app = web.Application()
     app[PARTS_KEY] = parts
     app[TELEMETRY_KEY] = telemetry
+    app[READINESS_KEY] = readiness
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/readyz", _readyz)
     app.router.add_get("/v1/replay", _admin(_replay_session))
     app.router.add_get("/v1/replay/{replay_id}", _admin(_replay_one))
     app.router.add_get("/v1/sessions", _admin(_sessions))

@@ -278,3 +278,15 @@ def test_fragment_with_tls_passes_envoy_validate(tmp_path):
     result = subprocess.run([envoy_binary(), "--mode", "validate", "-c", str(path)],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_the_processors_health_is_checked_every_half_second_from_the_start():
+    """Envoy checks a cluster that has carried no traffic once a minute by default, and the
+    timer set then outlives the first requests: a replica draining in a fresh Envoy's first
+    minute would go on getting new streams (issue 32)."""
+    doc = yaml.safe_load(example_render())
+    for cluster in doc["static_resources"]["clusters"]:
+        if cluster["name"] in (PROCESSOR, OBSERVER):
+            (check,) = cluster["health_checks"]
+            assert check["interval"] == check["no_traffic_interval"] == "0.5s"
+            assert check["grpc_health_check"] == {"service_name": "readiness"}

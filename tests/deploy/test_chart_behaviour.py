@@ -224,7 +224,8 @@ def test_probes_use_grpc_health_on_the_plaintext_health_port(
                                ("readinessProbe", "readiness")):
             spec = saar[probe]
             if values["probes"]["type"] == "http":
-                assert spec["httpGet"]["path"] == "/healthz"
+                path = "/readyz" if service == "readiness" else "/healthz"
+                assert spec["httpGet"]["path"] == path
                 assert ports[spec["httpGet"]["port"]] == values["server"]["httpPort"]
             else:
                 assert spec["grpc"] == {"port": values["server"]["healthPort"],
@@ -241,7 +242,8 @@ def test_tls_values_still_get_the_grpc_probes() -> None:
     assert saar["livenessProbe"]["grpc"] == {"port": 9003, "service": "liveness"}
     assert saar["readinessProbe"]["grpc"] == {"port": 9003, "service": "readiness"}
     plaintext = container(render_chart(values_of("plaintext")).get("Deployment", ROUTER))
-    assert plaintext["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    assert plaintext["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert plaintext["livenessProbe"]["httpGet"]["path"] == "/healthz"
 
 
 def _workloads(manifest: Manifest) -> list[dict]:
@@ -275,11 +277,20 @@ def test_pods_run_unprivileged(manifest: Manifest) -> None:
             assert writable, "a read-only root filesystem needs a writable scratch volume"
 
 
-def test_graceful_shutdown(manifest: Manifest) -> None:
+def test_graceful_shutdown(manifest: Manifest, values: dict[str, Any]) -> None:
+    """The preStop sleep, then the service's drain (the notice, the wait for the streams in
+    flight, a second to stop) all end before kubelet's SIGKILL; each pod's config has the
+    drain the values give."""
+    given = values["server"]["drain"]
     for deployment in _saar_deployments(manifest):
         pod = deployment["spec"]["template"]["spec"]
         sleep = container(deployment)["lifecycle"]["preStop"]["sleep"]["seconds"]
-        assert 0 < sleep < pod["terminationGracePeriodSeconds"]
+        drain = service_config(manifest, deployment["metadata"]["name"])["server"]["drain"]
+        assert drain == {"notice_seconds": given["noticeSeconds"],
+                         "timeout_seconds": given["timeoutSeconds"]}
+        needs = sleep + drain["notice_seconds"] + drain["timeout_seconds"] + 1
+        assert sleep > 0
+        assert needs < pod["terminationGracePeriodSeconds"]
 
 
 # --- RBAC -------------------------------------------------------------------------------------

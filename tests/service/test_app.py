@@ -15,7 +15,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from extproc._proto import replay_pb2, replay_pb2_grpc
 from extproc.core.router import LocalDriver
-from extproc.service.app import HEALTH_SERVICES, start
+from extproc.service.app import start
+from extproc.service.readiness import HEALTH_SERVICES, NOT_SERVING
 from extproc.types import Api
 
 ADMIN_TOKEN = "test-admin-token-0123456789"
@@ -161,3 +162,100 @@ async def test_a_stream_half_closed_commits_its_turn_and_ends_cleanly(service, r
     assert [(r["outcome"] or {}).get("status") for r in records] == [200]
     assert "latency_ms" in records[0]["outcome"]  # the turn ended: the stream's close ran
     assert service.parts.metrics.stream_failures._value.get() == failures
+
+
+# --- readiness and the drain (issue 32) -------------------------------------------------------
+
+async def _readiness(port: int) -> int:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        reply = await health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service="readiness"))
+        return reply.status
+
+
+async def _answered(channel: grpc.aio.Channel, session: str) -> list[str]:
+    """One whole turn on a new stream: the kind of each reply."""
+    call = ep_grpc.ExternalProcessorStub(channel).Process()
+    kinds = []
+    for message in _turn(session):
+        await call.write(message)
+        kinds.append((await call.read()).WhichOneof("response"))
+    await call.done_writing()
+    return kinds
+
+
+async def test_readyz_says_ready_while_healthz_says_live(service):
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{service.http_port}") as http:
+        ready = await http.get("/readyz")
+        assert (ready.status_code, ready.json()) == (200, {"status": "ready"})
+        await service.readiness.drain()
+        draining = await http.get("/readyz")
+        assert (draining.status_code, draining.json()) == (503, {"status": "draining"})
+        assert (await http.get("/healthz")).status_code == 200  # liveness is the process's
+
+
+async def test_readyz_is_503_until_the_store_answers(config, tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("s" * 32)
+    unreachable = replace(config, server=replace(config.server, grpc_port=0, http_port=0),
+                          state=replace(config.state, store="redis",
+                                        redis_url="redis://127.0.0.1:9/0"),
+                          identity=replace(config.identity, tenant_secret_file=str(secret)))
+    running = await start(unreachable)
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{running.http_port}") as http:
+            starting = await http.get("/readyz")
+            assert (starting.status_code, starting.json()) == (503, {"status": "starting"})
+            assert (await http.get("/healthz")).status_code == 200
+    finally:
+        await running.stop()
+
+
+async def test_the_drain_takes_new_streams_through_its_notice_then_waits_for_those_open(
+        service):
+    """Not ready at once; a stream opened during the notice is served; after it new streams
+    are refused, and the drain ends when the last stream open (here one waiting for its
+    upstream's answer, as a long prefill does) has ended, well before its timeout."""
+    import asyncio
+
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{service.grpc_port}") as channel:
+        waiting = ep_grpc.ExternalProcessorStub(channel).Process()
+        request, body, answer = _turn("s-drain-open")
+        for message in (request, body):
+            await waiting.write(message)
+            await waiting.read()
+        drain = asyncio.create_task(service.drain(0.5, 30.0))
+        await asyncio.sleep(0.1)
+        assert await _readiness(service.grpc_port) == NOT_SERVING
+        assert service.processor.streams == 1
+        # During the notice (Envoy has not seen not-ready yet): a new stream is served.
+        assert await _answered(channel, "s-drain-notice") == [
+            "request_headers", "request_body", "response_headers"]
+        await asyncio.sleep(0.6)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await _answered(channel, "s-drain-late")
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        await asyncio.sleep(0.5)
+        assert not drain.done()  # the stream still open holds the drain
+        await waiting.write(answer)
+        assert (await waiting.read()).WhichOneof("response") == "response_headers"
+        await waiting.done_writing()
+        assert await waiting.code() == grpc.StatusCode.OK
+        await asyncio.wait_for(drain, 5)
+    assert service.processor.streams == 0
+
+
+async def test_the_drain_cuts_what_is_still_open_at_its_timeout(service):
+    import asyncio
+    import time
+
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{service.grpc_port}") as channel:
+        stuck = ep_grpc.ExternalProcessorStub(channel).Process()
+        request, body, _ = _turn("s-drain-stuck")
+        for message in (request, body):
+            await stuck.write(message)
+            await stuck.read()
+        began = time.monotonic()
+        await asyncio.wait_for(service.drain(0.0, 0.3), 5)
+        assert 0.3 <= time.monotonic() - began < 3
+        assert await stuck.code() == grpc.StatusCode.UNAVAILABLE

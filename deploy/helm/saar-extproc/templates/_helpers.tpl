@@ -172,6 +172,9 @@ server:
   grpc_port: {{ int .Values.server.grpcPort }}
   http_port: {{ int .Values.server.httpPort }}
   health_port: {{ int .Values.server.healthPort }}
+  drain:
+    notice_seconds: {{ .Values.server.drain.noticeSeconds }}
+    timeout_seconds: {{ .Values.server.drain.timeoutSeconds }}
   tls:
     enabled: {{ .Values.server.tls.enabled }}
     {{- if include "saar.tlsSecretName" . }}
