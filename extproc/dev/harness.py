@@ -14,6 +14,8 @@ import copy
 import functools
 import importlib.util
 import json
+import os
+import select
 import shutil
 import signal
 import socket
@@ -125,6 +127,13 @@ def wait_tcp(port: int, proc: subprocess.Popen[bytes], timeout: float = READY_TI
     raise RuntimeError(f"port {port} did not open in {timeout}s")
 
 
+_PREPARED = ("import os, sys; import extproc.assembly, extproc.cli, extproc.service.app; "
+             "os.write(int(os.environ['SAAR_PREPARED_FD']), b'.'); "
+             "sys.stdin.readline(); sys.exit(extproc.cli.main(sys.argv[1:]))")
+"""A ``python -m extproc ...`` that imports what it will run, says so on a pipe, then waits for
+a line on stdin."""
+
+
 class Service:
     """One subprocess of the stack that can be stopped and started again on the same ports."""
 
@@ -136,13 +145,43 @@ class Service:
         self._ready = ready
         self._log: IO[bytes] | None = None
         self.proc: subprocess.Popen[bytes] | None = None
+        self._prepared: subprocess.Popen[bytes] | None = None
+
+    def prepare(self) -> None:
+        """Start the next process of a saar service (``python -m extproc ...``) now, while
+        this one may still run: it imports its modules (seconds on a busy machine) and waits;
+        ``start`` then only lets it go, so a restart is down for the service's own start, not
+        for Python's imports."""
+        if self.argv[1:3] != ["-m", "extproc"]:
+            raise ValueError(f"{self.name} is not a saar service")
+        said, say = os.pipe()
+        try:
+            self._prepared = subprocess.Popen(
+                [self.argv[0], "-c", _PREPARED, *self.argv[3:]], stdin=subprocess.PIPE,
+                stdout=self._open_log(), stderr=subprocess.STDOUT, cwd=self._workdir,
+                pass_fds=(say,), env={**os.environ, "SAAR_PREPARED_FD": str(say)})
+            os.close(say)
+            if not select.select([said], [], [], READY_TIMEOUT)[0] or not os.read(said, 1):
+                raise RuntimeError(f"the next {self.name} did not import its modules")
+        finally:
+            os.close(said)
 
     def start(self) -> None:
+        prepared, self._prepared = self._prepared, None
+        if prepared is not None and prepared.stdin is not None:
+            with contextlib.suppress(BrokenPipeError):  # it died: ``ready`` says so
+                prepared.stdin.write(b"go\n")
+                prepared.stdin.close()
+            self.proc = prepared
+        else:
+            self.proc = subprocess.Popen(self.argv, stdout=self._open_log(),
+                                         stderr=subprocess.STDOUT, cwd=self._workdir)
+        self._ready(self.proc)
+
+    def _open_log(self) -> IO[bytes]:
         if self._log is None:
             self._log = (self._workdir / f"{self.name}.log").open("ab")
-        self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT,
-                                     cwd=self._workdir)
-        self._ready(self.proc)
+        return self._log
 
     def stop(self, *, kill: bool = False, timeout: float = 10.0) -> None:
         """Graceful (SIGTERM, then wait ``timeout`` seconds: a processor drains meanwhile,
@@ -167,6 +206,10 @@ class Service:
 
     def close(self) -> None:
         self.stop()
+        if self._prepared is not None:  # prepared, never started
+            self._prepared.kill()
+            self._prepared.wait()
+            self._prepared = None
         if self._log is not None:
             self._log.close()
             self._log = None

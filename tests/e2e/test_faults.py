@@ -34,7 +34,7 @@ def stack(tmp_path_factory) -> Iterator[Stack]:
     config = e2e_config()
     for decision in config["routing"]["decisions"]:
         decision["algorithm"]["session_aware"]["idle_timeout_seconds"] = 300
-    config["server"] = {"drain_seconds": 0.2}
+    config["server"] = {"drain": {"notice_seconds": 0.2}}
     with run_stack(config, workers_per_model=2, store="redis",
                    workdir=tmp_path_factory.mktemp("faults")) as running:
         yield running
@@ -125,11 +125,14 @@ def test_an_upstream_killed_and_restarted(stack):
     assert_continuity(stack, sessions, before)
 
 
-def in_flight(sessions: list[Agent], turns: int, fault: Callable[[], None]) -> None:
+def in_flight(sessions: list[Agent], turns: int, fault: Callable[[], None],
+              then: Callable[[], None] | None = None) -> None:
     """Each session plays ``turns`` turns on a thread of its own; ``fault`` runs once every
-    session has played two. Any exception an SDK raised fails the test."""
+    session has played two, and the sessions wait for it to be made; ``then`` (the fault's
+    end) runs while they play on. Any exception an SDK raised fails the test."""
     errors: list[BaseException] = []
     started = threading.Barrier(len(sessions) + 1)
+    made = threading.Event()
 
     def play(agent: Agent) -> None:
         try:
@@ -137,6 +140,7 @@ def in_flight(sessions: list[Agent], turns: int, fault: Callable[[], None]) -> N
                 agent.turn()
                 if n == 1:
                     started.wait(timeout=60)
+                    made.wait(timeout=60)
         except BaseException as exc:  # reported below
             errors.append(exc)
             started.abort()
@@ -149,7 +153,13 @@ def in_flight(sessions: list[Agent], turns: int, fault: Callable[[], None]) -> N
     except threading.BrokenBarrierError:
         pass  # a session failed before the fault: reported below
     else:
-        fault()
+        try:
+            fault()
+        finally:
+            made.set()
+        if then is not None:
+            then()
+    made.set()
     for thread in threads:
         thread.join(timeout=120)
     assert errors == []
@@ -159,22 +169,31 @@ def in_flight(sessions: list[Agent], turns: int, fault: Callable[[], None]) -> N
 def test_the_processor_restarted_with_sessions_in_flight(stack):
     """Envoy answers the requests that meet no processor 503 router_unavailable with
     Retry-After (its local reply, in the client's format); the SDKs retry; the restarted
-    processor finds every lock in the store."""
+    processor finds every lock in the store.
+
+    The sessions wait while the processor stops: it drains (``server.drain``), so sessions
+    playing on would be served to their last turn before it is gone, and none would meet
+    its absence. The next process has imported its modules before the old one stops: the
+    outage is the service's start, which the SDKs' retries outlast, not Python's imports,
+    which take longer than that on a busy machine."""
     before = violations(stack)
     failed = failed_streams(stack)
     sessions = agents(stack.url, 6, "restart")
     processor = stack.processors[0].service
 
-    def restart() -> None:
-        # down until a request has met no processor (a restart between two turns would test
-        # nothing), at most a few seconds: the SDKs' retries outlast it
+    def stop() -> None:
+        processor.prepare()
         processor.stop()
+
+    def start() -> None:
+        # down until a request has met no processor (a restart between two turns would test
+        # nothing), at most a few seconds
         deadline = time.monotonic() + 5
         while failed_streams(stack) == failed and time.monotonic() < deadline:
             time.sleep(0.02)
         processor.start()
 
-    in_flight(sessions, 8, restart)
+    in_flight(sessions, 8, stop, start)
     assert failed_streams(stack) > failed  # sessions were affected
     assert_continuity(stack, sessions, before)
     assert sum(1 for a in sessions for t in a.served if t.continues) >= len(sessions)
@@ -188,12 +207,11 @@ def test_the_store_stopped_and_started_with_sessions_in_flight(stack):
     store = stack.store
     sessions = agents(stack.url, 6, "store")
 
-    def outage() -> None:
-        store.stop(kill=True)
-        time.sleep(1.0)
+    def back() -> None:
+        time.sleep(1.0)  # the sessions play on without the store
         store.start()
 
-    in_flight(sessions, 8, outage)
+    in_flight(sessions, 8, lambda: store.stop(kill=True), back)
     assert "saar_store_errors_total{" in metrics(stack)  # the outage was met
     deadline = time.monotonic() + 15
     while "saar_store_up 1.0" not in metrics(stack):
