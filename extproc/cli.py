@@ -177,15 +177,22 @@ def _envoy_config(args: argparse.Namespace) -> int:
         if not host or not port.isdigit():
             raise Failed(f"--processor {address!r}: give HOST:PORT")
     tls = None
+    client = (args.processor_client_cert, args.processor_client_key)
+    if (client[0] is None) != (client[1] is None):
+        raise Failed("--processor-client-cert and --processor-client-key go together")
     if config.server.tls.enabled:
-        tls = ProcessorTls(args.processor_ca, args.processor_name)
+        tls = ProcessorTls(args.processor_ca, args.processor_name, *client)
         if args.processor_ca is None:
             print("saar: server.tls.enabled: the processor clusters speak TLS without "
                   "verifying the certificate (give --processor-ca, and --processor-name "
                   "when the certificate names another host)", file=sys.stderr)
-    elif args.processor_ca:
-        raise Failed("--processor-ca: server.tls.enabled is false in the config: the "
-                     "processor serves plaintext")
+        if config.server.tls.client_ca_file and client[0] is None:
+            print("saar: server.tls.client_ca_file: the processor asks for a client "
+                  "certificate and Envoy presents none (give --processor-client-cert and "
+                  "--processor-client-key)", file=sys.stderr)
+    elif args.processor_ca or client[0]:
+        raise Failed("--processor-ca / --processor-client-cert: server.tls.enabled is false "
+                     "in the config: the processor serves plaintext")
     first = addresses[0].rpartition(":") if addresses else None
     ports = EnvoyPorts(
         listen=args.listen_port,
@@ -479,6 +486,11 @@ def build_parser() -> argparse.ArgumentParser:
     envoy.add_argument("--processor-name", metavar="NAME",
                        help="the name the certificate is for (default: the first processor's "
                        "host)")
+    envoy.add_argument("--processor-client-cert", metavar="FILE",
+                       help="with server.tls.client_ca_file: the client certificate Envoy "
+                       "presents to the processors (path as Envoy sees it)")
+    envoy.add_argument("--processor-client-key", metavar="FILE",
+                       help="the private key of --processor-client-cert")
     envoy.set_defaults(func=_envoy_config)
 
     replay = sub.add_parser("replay", help="look up replay records")
@@ -667,7 +679,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_simulate_arguments(simulate)
     simulate.set_defaults(func=_simulate)
+    _verbose_after_commands(parser)
     return parser
+
+
+def _verbose_after_commands(parser: argparse.ArgumentParser) -> None:
+    """``-v`` after a command too (``saar serve --config F -v``, as the chart's extraArgs
+    append it): every subcommand takes it, without resetting one given before the command."""
+    for action in parser._actions:
+        if not isinstance(action, argparse._SubParsersAction):
+            continue
+        for command in action.choices.values():
+            if "--verbose" not in command._option_string_actions:
+                command.add_argument("-v", "--verbose", action="store_true",
+                                     default=argparse.SUPPRESS,
+                                     help="debug logging, and tracebacks instead of one-line "
+                                     "errors (as before the command)")
+            _verbose_after_commands(command)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

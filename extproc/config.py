@@ -77,10 +77,16 @@ class Tls:
     """PEM certificate (chain), read again when it changes; with ``key_file``."""
     key_file: StrictStr | None = None
     """The PEM private key of ``cert_file``."""
+    client_ca_file: StrictStr | None = None
+    """Mutual TLS: PEM CA certificate(s) a caller's client certificate must chain to; a caller
+    without one is refused at the handshake (None: any caller). Read again when it changes."""
 
     def __post_init__(self) -> None:
         if (self.cert_file is None) != (self.key_file is None):
             raise ValueError("cert_file and key_file go together")
+        if self.client_ca_file is not None and not self.enabled:
+            raise ValueError("client_ca_file needs enabled: true (client certificates are "
+                             "checked in the TLS handshake)")
 
 
 NOTICE_SECONDS = 1.0
@@ -108,7 +114,13 @@ class Drain:
 @dataclass(frozen=True, config=_SCHEMA)
 class Server:
     host: StrictStr = "127.0.0.1"
-    """The address both ports listen on (``0.0.0.0``: every interface)."""
+    """The address the gRPC ports (``grpc_port``, ``health_port``) listen on (``0.0.0.0``:
+    every interface)."""
+    http_host: StrictStr = "127.0.0.1"
+    """The address the HTTP port listens on, whatever ``host`` is: loopback by default, so the
+    admin API, the replay records and the web view stay on the machine; ``0.0.0.0`` where a
+    Prometheus or a kubelet probe comes from outside (the Helm chart sets it, behind its
+    NetworkPolicy)."""
     grpc_port: Port = 9002
     """ext_proc, gRPC health and the ``saar.v1.Replay`` service."""
     http_port: Port = 9090

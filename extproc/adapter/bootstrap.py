@@ -6,8 +6,9 @@ The checked-in ``envoy/envoy.yaml`` is this output for ``config/example.yaml``; 
 tests and the benchmark render their own with the ports they use, so there is one source of truth.
 The output is plain YAML (no anchors: a copied part stands on its own). With
 ``server.tls.enabled`` the processor clusters speak TLS, verified when ``ProcessorTls`` names
-the CA. ``GET /v1/models`` is answered by Envoy from the config (``apis.models``): the logical
-models clients send and the physical ones, with their context windows.
+the CA, with a client certificate when it names one (``server.tls.client_ca_file``).
+``GET /v1/models`` is answered by Envoy from the config (``apis.models``): the logical models
+clients send and the physical ones, with their context windows.
 """
 
 from __future__ import annotations
@@ -68,10 +69,18 @@ shapes (code ``proxy_error``)."""
 @dataclass(frozen=True)
 class ProcessorTls:
     """TLS to the processor: the certificate checked against ``ca_file`` for ``server_name``
-    (default: the first processor's host) when a CA is given, else encryption only."""
+    (default: the first processor's host) when a CA is given, else encryption only. With
+    ``client_cert_file`` / ``client_key_file`` Envoy presents that client certificate (what a
+    processor with ``server.tls.client_ca_file`` asks for: mutual TLS)."""
 
     ca_file: str | None = None
     server_name: str | None = None
+    client_cert_file: str | None = None
+    client_key_file: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.client_cert_file is None) != (self.client_key_file is None):
+            raise ValueError("client_cert_file and client_key_file go together")
 
 
 @dataclass(frozen=True)
@@ -522,6 +531,11 @@ def _processor_cluster(name: str, ports: EnvoyPorts,
     if tls is not None:
         server_name = tls.server_name or _unbracketed(endpoints[0].rpartition(":")[0])
         cluster["transport_socket"] = _tls_socket(tls.ca_file, server_name)
+        if tls.client_cert_file is not None and tls.client_key_file is not None:
+            context = cluster["transport_socket"]["typed_config"]["common_tls_context"]
+            context["tls_certificates"] = [{
+                "certificate_chain": {"filename": tls.client_cert_file},
+                "private_key": {"filename": tls.client_key_file}}]
     return cluster
 
 

@@ -6,9 +6,10 @@ the rollout).
 The generated parts of ``deploy/helm/saar-extproc/values.schema.json``: the definitions
 ``saar.*`` (one per config class, unknown keys refused) and the values that reference them —
 ``config``, ``router.config``, ``epp.config``, ``epp.scheduling``, ``models[].pricing`` /
-``quality`` / ``context_window`` / ``config``, ``routing.modelHeader`` / ``logicalModels`` /
-``decisions``. Keys the chart writes itself (``CHART_OWNED``) are refused there. The rest of
-the file (Kubernetes-side values) is written by hand and left as it is.
+``quality`` / ``context_window`` / ``config`` (a model's keys but ``cluster``, which the chart
+sets), ``routing.modelHeader`` / ``logicalModels`` / ``decisions``, ``logging.level`` /
+``format``. Keys the chart writes itself (``CHART_OWNED``, ``OWNED_INSIDE``) are refused there.
+The rest of the file (Kubernetes-side values) is written by hand and left as it is.
 
     python -m extproc.dev.chart_schema           # rewrite the file
     python -m extproc.dev.chart_schema --check   # exit 1 when the file is stale
@@ -32,8 +33,12 @@ SCHEMA_FILE = (Path(__file__).resolve().parents[2] / "deploy" / "helm" / "saar-e
 PREFIX = "saar."
 CHART_OWNED = ("server", "state", "admin", "models", "routing")
 """Top-level config sections the chart renders from its own values."""
-OWNED_INSIDE = {"identity": ("tenant_secret_file",), "scheduling": ("discovery", "pool_name")}
-"""Keys inside a section the chart renders (the tenant secret's mount, each picker's pool)."""
+OWNED_INSIDE = {"identity": ("tenant_secret_file",), "scheduling": ("discovery", "pool_name"),
+                "logging": ("level", "format")}
+"""Keys inside a section the chart renders (the tenant secret's mount, each picker's pool, the
+log values)."""
+MODEL_OWNED = ("cluster",)
+"""Keys of a model's entry the chart sets (the Envoy cluster is the model's name)."""
 
 
 def _ref(name: str) -> dict[str, Any]:
@@ -60,6 +65,20 @@ def _untitled(node: Any) -> Any:
 def _without(section: str, keys: tuple[str, ...]) -> dict[str, Any]:
     """A section's schema with ``keys`` refused (the chart sets them)."""
     return {"allOf": [_ref(section), {"properties": dict.fromkeys(keys, False)}]}
+
+
+def _model_entry(model: dict[str, Any]) -> dict[str, Any]:
+    """A model's entry without the keys the chart sets: not required, refused if given."""
+    entry = copy.deepcopy(model)
+    for key in MODEL_OWNED:
+        entry["properties"].pop(key, None)
+    required = [k for k in entry.get("required", ()) if k not in MODEL_OWNED]
+    if required:
+        entry["required"] = required
+    else:
+        entry.pop("required", None)
+    entry["additionalProperties"] = False
+    return entry
 
 
 def _service_config(defs: dict[str, dict[str, Any]], description: str) -> dict[str, Any]:
@@ -100,8 +119,13 @@ def generate(values_schema: dict[str, Any]) -> dict[str, Any]:
     entry["pricing"] = _ref("Pricing")
     entry["quality"] = model["properties"]["quality"]
     entry["context_window"] = model["properties"]["context_window"]
-    entry["config"] = {**_without("Model", ("cluster",)),
-                       "description": "More keys of this model's entry in the service config."}
+    entry["config"] = {**_model_entry(model),
+                       "description": "More keys of this model's entry in the service config "
+                       "(" + ", ".join(MODEL_OWNED) + ": the chart's)."}
+    logging = defs.get(f"{PREFIX}Logging")
+    if logging is not None:
+        for key in OWNED_INSIDE["logging"]:
+            props["logging"]["properties"][key] = logging["properties"][key]
     routes = props["routing"]["properties"]
     routes["modelHeader"] = routing["model_header"]
     routes["logicalModels"] = routing["logical_models"]

@@ -210,7 +210,7 @@ async def start(config: Config, parts: Parts | None = None) -> RunningService:
 
     runner = web.AppRunner(build_http_app(parts, telemetry, readiness), access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, config.server.host, config.server.http_port)
+    site = web.TCPSite(runner, config.server.http_host, config.server.http_port)
     await site.start()
     http_port = runner.addresses[0][1]
     background = Background(config, parts.pools, metrics, waker, parts.router.clock)
@@ -269,11 +269,14 @@ async def serve_forever(config: Config, reload: Callable[[], Config] | None = No
     reloader = Reloader(service, reload or (lambda: config))
     loop.add_signal_handler(signal.SIGHUP, reloader.request)
     tls = " (TLS)" if config.server.tls.enabled else ""
+    if config.server.tls.client_ca_file:
+        tls = " (mutual TLS)"
     health_port = f", health on {service.health_port}" if service.health_port else ""
     pool = service.parts.config.scheduling.pool_name
     role = f", endpoint picker of {pool}" if pool else ""
     print(f"saar: ext_proc on {config.server.host}:{service.grpc_port}{tls}, "
-          f"http on {config.server.host}:{service.http_port}{health_port}{role}", flush=True)
+          f"http on {config.server.http_host}:{service.http_port}{health_port}{role}",
+          flush=True)
     await stop.wait()
     loop.remove_signal_handler(signal.SIGHUP)
     await reloader.stop()

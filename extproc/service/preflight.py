@@ -40,6 +40,12 @@ def file_problems(config: Config) -> list[str]:
             if not found and marker not in Path(path).read_bytes():
                 found = [f"server.tls.{key}: {path} is not a PEM {marker.decode().lower()}"]
             problems += found
+    if tls.enabled and tls.client_ca_file:
+        found = _readable("server.tls.client_ca_file", tls.client_ca_file)
+        if not found and b"CERTIFICATE" not in Path(tls.client_ca_file).read_bytes():
+            found = [f"server.tls.client_ca_file: {tls.client_ca_file} is not a PEM "
+                     "certificate"]
+        problems += found
     scheduling = config.scheduling
     if scheduling.workers_file:
         problems += _readable("scheduling.workers_file", scheduling.workers_file)
@@ -58,21 +64,22 @@ def port_problems(config: Config) -> list[str]:
     """Ports of the config that this host cannot bind (in use, not permitted, no such
     address), and ports the config gives twice."""
     server = config.server
-    ports = {"server.grpc_port": server.grpc_port, "server.http_port": server.http_port}
+    ports = {"server.grpc_port": (server.host, server.grpc_port),
+             "server.http_port": (server.http_host, server.http_port)}
     if server.health_port is not None:
-        ports["server.health_port"] = server.health_port
+        ports["server.health_port"] = (server.host, server.health_port)
     problems: list[str] = []
     seen: dict[int, str] = {}
-    for key, port in ports.items():
+    for key, (host, port) in ports.items():
         if port == 0:
             continue
         if port in seen:
             problems.append(f"{key}: {port} is also {seen[port]}")
             continue
         seen[port] = key
-        problem = _bind(server.host, port)
+        problem = _bind(host, port)
         if problem:
-            problems.append(f"{key}: cannot listen on {server.host}:{port}: {problem}")
+            problems.append(f"{key}: cannot listen on {host}:{port}: {problem}")
     return problems
 
 

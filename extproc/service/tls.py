@@ -6,6 +6,9 @@ endpoint picker does. With ``cert_file`` / ``key_file`` the files are read again
 change (gRPC asks for the certificate at every new handshake; a rotated Kubernetes Secret swaps
 the files under their mount), so a renewed certificate needs no restart; a half-written or
 unreadable pair keeps the last good one.
+
+``client_ca_file`` makes it mutual: a caller must present a client certificate that chains to
+that CA, or the handshake fails (``require_client_auth``); the CA file is watched the same way.
 """
 
 from __future__ import annotations
@@ -158,17 +161,65 @@ class CertificateFiles:
             return pair
 
 
+class CaFile:
+    """PEM CA certificates on disk, read again when the file changes."""
+
+    def __init__(self, path: str) -> None:
+        self._path = Path(path)
+        self._stamp = self._stat()
+        self.pem = self._read()
+
+    def _stat(self) -> tuple[int, int, int]:
+        found = os.stat(self._path)
+        return found.st_ino, found.st_mtime_ns, found.st_size
+
+    def _read(self) -> bytes:
+        pem = self._path.read_bytes()
+        if b"CERTIFICATE" not in pem:
+            raise ValueError(f"{self._path}: not a PEM certificate")
+        return pem
+
+    def changed(self) -> bytes | None:
+        """The new CA if the file changed since last read and reads well, else None."""
+        try:
+            stamp = self._stat()
+            if stamp == self._stamp:
+                return None
+            pem = self._read()
+        except (OSError, ValueError) as exc:
+            log.warning("client CA unreadable, keeping the last one: %s", exc)
+            return None
+        self._stamp, self.pem = stamp, pem
+        log.info("client CA reloaded from %s", self._path)
+        return pem
+
+
 def server_credentials(tls: Tls) -> tuple[grpc.ServerCredentials, CertificateFiles | None]:
-    """Credentials for ``add_secure_port``, and the watched files (None: self-signed)."""
+    """Credentials for ``add_secure_port``, and the watched files (None: self-signed). With
+    ``client_ca_file`` a caller must present a certificate that CA signed."""
+    ca = CaFile(tls.client_ca_file) if tls.client_ca_file else None
+    files = None
     if tls.cert_file is None or tls.key_file is None:
-        key, cert = self_signed()
-        config = grpc.ssl_server_certificate_configuration([(key, cert)])
-        return grpc.dynamic_ssl_server_credentials(config, lambda: None), None
-    files = CertificateFiles(tls.cert_file, tls.key_file)
+        pair = self_signed()
+    else:
+        files = CertificateFiles(tls.cert_file, tls.key_file)
+        pair = files.pair
+    current = [pair]
+
+    def configuration() -> grpc.ServerCertificateConfiguration:
+        return grpc.ssl_server_certificate_configuration(
+            [current[0]], root_certificates=None if ca is None else ca.pem)
 
     def fetch() -> grpc.ServerCertificateConfiguration | None:
-        pair = files.changed()
-        return None if pair is None else grpc.ssl_server_certificate_configuration([pair])
+        # Both are looked at: a new CA must not wait for a new certificate.
+        new_pair = files.changed() if files is not None else None
+        new_ca = ca.changed() if ca is not None else None
+        if new_pair is None and new_ca is None:
+            return None
+        if new_pair is not None:
+            current[0] = new_pair
+        return configuration()
 
-    initial = grpc.ssl_server_certificate_configuration([files.pair])
-    return grpc.dynamic_ssl_server_credentials(initial, fetch), files
+    credentials = grpc.dynamic_ssl_server_credentials(
+        configuration(), fetch, require_client_authentication=ca is not None)
+    return credentials, files

@@ -204,6 +204,24 @@ def test_the_processor_clusters_carry_the_services_tls(tls, ca, expected):
             assert sockets["qwen3-8b"] is None                   # the models: untouched
 
 
+def test_mutual_tls_presents_the_client_certificate():
+    """``server.tls.client_ca_file`` on the processor: Envoy's processor clusters (and so
+    their health checks) present the client certificate ``ProcessorTls`` names."""
+    tls = ProcessorTls("/etc/envoy/ca.crt", "saar.llm.svc", "/etc/envoy/client.crt",
+                       "/etc/envoy/client.key")
+    for doc in (bootstrap(_tls_config(), EnvoyPorts(processor_tls=tls)),
+                fragment(_tls_config(), EnvoyPorts(processor_tls=tls))):
+        for name in (PROCESSOR, OBSERVER):
+            context = _sockets(doc)[name]["typed_config"]["common_tls_context"]
+            assert context["tls_certificates"] == [{
+                "certificate_chain": {"filename": "/etc/envoy/client.crt"},
+                "private_key": {"filename": "/etc/envoy/client.key"}}]
+            assert context["validation_context"]["trusted_ca"] == {
+                "filename": "/etc/envoy/ca.crt"}
+    with pytest.raises(ValueError, match="go together"):
+        ProcessorTls(client_cert_file="/c.crt")
+
+
 def test_a_verified_ip_address_is_matched_as_an_ip_san():
     ports = EnvoyPorts(processor_tls=ProcessorTls("/ca.pem"))
     socket = _sockets(bootstrap(_tls_config(), ports))[PROCESSOR]["typed_config"]

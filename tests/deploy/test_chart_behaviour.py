@@ -469,7 +469,7 @@ def test_bundled_redis_only_when_asked_and_only_for_the_chart(
         rendered_all: dict[str, Manifest]) -> None:
     plaintext = rendered_all["plaintext"]          # redis.url: no bundled one
     assert plaintext.component("Deployment", "redis") == []
-    assert plaintext.of_kind("NetworkPolicy") == []
+    assert plaintext.component("NetworkPolicy", "redis") == []
     for name in ("default", "ha-redis"):
         _bundled_redis_reached_only_by_the_chart(rendered_all[name])
 
@@ -478,7 +478,7 @@ def _bundled_redis_reached_only_by_the_chart(ha: Manifest) -> None:
     (redis,) = ha.component("Deployment", "redis")
     assert redis["spec"]["replicas"] == 1
     assert selects(ha.get("Service", "saar-extproc-redis")["spec"]["selector"], _pod_labels(redis))
-    (policy,) = ha.of_kind("NetworkPolicy")
+    (policy,) = ha.component("NetworkPolicy", "redis")
     assert selects(policy["spec"]["podSelector"]["matchLabels"], _pod_labels(redis))
     (ingress,) = policy["spec"]["ingress"]
     allowed = [d["metadata"]["name"] for d in ha.of_kind("Deployment")

@@ -33,9 +33,10 @@ def test_every_values_set_renders_the_same_kinds_of_object(rendered_all) -> None
         assert base <= found, (name, base - found)
     assert "Job" in kinds["default"] and "Secret" not in kinds["default"]   # provisioned
     assert "Secret" in kinds["plaintext"]                                   # given as values
-    assert "NetworkPolicy" in kinds["default"] and "NetworkPolicy" not in kinds["plaintext"]
+    assert "NetworkPolicy" in kinds["default"] and "NetworkPolicy" in kinds["plaintext"]
     assert {"ServiceMonitor", "ConfigMap"} <= kinds["ha-redis"]
     assert "ServiceMonitor" not in kinds["default"]
+    assert "PrometheusRule" in kinds["operations"] and "PrometheusRule" not in kinds["default"]
 
 
 @pytest.mark.parametrize(("values", "message"), [
@@ -70,6 +71,17 @@ def test_every_values_set_renders_the_same_kinds_of_object(rendered_all) -> None
                                  "rules": {"keyword": ["x"]}}]}}, "/routing/decisions/0"),
     ({"models": [{**_model("m"), "quality": 2}]}, "/models/0/quality"),
     ({"models": [{**_model("m"), "config": {"endpoints": ["no-port"]}}]}, "/models/0/config"),
+    ({"models": [{**_model("m"), "config": {"cluster": "mine"}}]},   # the chart's
+     "additional properties 'cluster'"),
+    ({"models": [{**_model("m"), "config": {"qualty": 0.5}}]}, "additional properties 'qualty'"),
+    ({"logging": {"format": "xml"}}, "/logging/format"),
+    ({"logging": {"level": "verbose"}}, "/logging/level"),
+    ({"config": {"logging": {"format": "json"}}}, "/config/logging"),   # logging.format is
+    ({"server": {"tls": {"clientCA": {"existingConfigMap": "a", "existingSecret": "b"}}}},
+     "/server/tls/clientCA"),                                           # one CA, not two
+    ({"networkPolicy": {"enabled": "yes"}}, "/networkPolicy/enabled"),
+    ({"metrics": {"prometheusRule": {"enabled": True, "label": {}}}}, "/metrics/prometheusRule"),
+    ({"provision": {"activeDeadlineSeconds": 0}}, "/provision/activeDeadlineSeconds"),
     ({"metrics": {"serviceMonitor": {"interval": "soon"}}}, "/metrics/serviceMonitor/interval"),
     ({"provision": {"certificateDays": 0}}, "/provision/certificateDays"),
 ])

@@ -13,7 +13,7 @@ import pytest
 from . import k8s_schema
 from .support import Manifest, example_objects
 
-CUSTOM_KINDS = {"InferencePool", "HTTPRoute", "Gateway", "ServiceMonitor"}
+CUSTOM_KINDS = {"InferencePool", "HTTPRoute", "Gateway", "ServiceMonitor", "PrometheusRule"}
 
 
 def test_every_object_is_a_core_kind_or_a_known_custom_resource(manifest: Manifest) -> None:

@@ -68,6 +68,12 @@ a self-signed one at start). */}}
 {{- end -}}
 {{- end -}}
 
+{{/* Whether the gRPC port asks callers for a client certificate (server.tls.clientCA). */}}
+{{- define "saar.clientCA" -}}
+{{- $ca := .Values.server.tls.clientCA | default dict -}}
+{{- if and .Values.server.tls.enabled (or $ca.existingConfigMap $ca.existingSecret) -}}true{{- end -}}
+{{- end -}}
+
 {{/* The ConfigMap and the Secret holding the provisioned certificate's CA (ca.crt). */}}
 {{- define "saar.caName" -}}
 {{- printf "%s-grpc-ca" (include "saar.fullname" .) | trunc 63 | trimSuffix "-" -}}
@@ -169,6 +175,7 @@ store: memory
 {{- define "saar.ownedConfig" -}}
 server:
   host: 0.0.0.0
+  http_host: {{ .Values.server.httpHost | quote }}
   grpc_port: {{ int .Values.server.grpcPort }}
   http_port: {{ int .Values.server.httpPort }}
   health_port: {{ int .Values.server.healthPort }}
@@ -184,6 +191,12 @@ server:
     cert_file: null
     key_file: null
     {{- end }}
+    {{- if include "saar.clientCA" . }}
+    client_ca_file: /var/run/saar/client-ca/ca.crt
+    {{- end }}
+logging:
+  level: {{ .Values.logging.level | quote }}
+  format: {{ .Values.logging.format | quote }}
 state:
   {{- include "saar.state" . | nindent 2 }}
 admin:
@@ -222,7 +235,15 @@ routing:
 {{- $discovery := dict "mode" "kubernetes" "namespace" $root.Release.Namespace "inference_pool" (include "saar.poolName" .) "role_label" $root.Values.inferencePool.roleLabel -}}
 {{- $scheduling := merge (dict "discovery" $discovery) (deepCopy $root.Values.epp.scheduling) -}}
 {{- $_ := set $owned "scheduling" $scheduling -}}
+{{- if not (include "saar.pickersClientCA" $root) -}}
+{{- $_ := unset $owned.server.tls "client_ca_file" -}}
+{{- end -}}
 {{- toYaml (merge $owned (deepCopy $root.Values.epp.config) (deepCopy $root.Values.config)) -}}
+{{- end -}}
+
+{{/* Whether the endpoint pickers ask for client certificates too (clientCA.pickers). */}}
+{{- define "saar.pickersClientCA" -}}
+{{- if and (include "saar.clientCA" .) .Values.server.tls.clientCA.pickers -}}true{{- end -}}
 {{- end -}}
 
 {{/* "grpc" or "http": how kubelet probes the pods (gRPC: on the plaintext health port). */}}
@@ -365,6 +386,9 @@ spec:
         {{- if include "saar.tlsSecretName" $root }}
         - {name: tls, mountPath: /var/run/saar/tls, readOnly: true}
         {{- end }}
+        {{- if .clientCA }}
+        - {name: client-ca, mountPath: /var/run/saar/client-ca, readOnly: true}
+        {{- end }}
         - {name: tmp, mountPath: /tmp}
   volumes:
     - name: config
@@ -387,6 +411,19 @@ spec:
         secretName: {{ . }}
         defaultMode: 0440
         items: [{key: tls.crt, path: tls.crt}, {key: tls.key, path: tls.key}]
+    {{- end }}
+    {{- if .clientCA }}
+    {{- $ca := $root.Values.server.tls.clientCA }}
+    - name: client-ca
+      {{- if $ca.existingConfigMap }}
+      configMap:
+        name: {{ $ca.existingConfigMap }}
+      {{- else }}
+      secret:
+        secretName: {{ $ca.existingSecret }}
+        defaultMode: 0440
+      {{- end }}
+        items: [{key: {{ $ca.key | quote }}, path: ca.crt}]
     {{- end }}
     - name: tmp
       emptyDir: {sizeLimit: 256Mi}
