@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-SYSTEM_PACKAGES := redis-server chromium chromium-driver prometheus wrk
+SYSTEM_PACKAGES := redis-server chromium chromium-driver prometheus wrk buildah debootstrap
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # The agent CLIs the end-to-end suite drives (tests/e2e/test_agent_clis.py), pinned with Node 22
 # in agent-clis/package.json and its lockfile: from the npm registry alone, into agent-clis/.
