@@ -42,6 +42,8 @@ from .contract import (
 )
 
 EXT_PROC = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
+EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
+"""The gRPC health service a picker's readiness is asked by (the Endpoint Picker Protocol)."""
 HTTP_OPTIONS = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 BUFFER_LIMIT = 32 * 1024 * 1024
 ROUTER_DOWN_RETRY_AFTER = 2
@@ -641,6 +643,10 @@ class GatewayPool:
     picker_port: int
     fail_open: bool = False
     """The InferencePool's ``endpointPickerRef.failureMode: FailOpen``."""
+    more_picker_ports: tuple[int, ...] = ()
+    """The picker's other replicas. Several are health-checked (gRPC health of the ext_proc
+    service, as the Endpoint Picker Protocol names it): the ready ones are what the picker
+    Service's endpoints would list, so a draining replica gets no new stream."""
 
 
 def gateway_bootstrap(
@@ -707,10 +713,11 @@ def gateway_bootstrap(
     }
     if access_log:
         hcm["access_log"] = [_access_log(access_log)]
-    clusters = [_picker_cluster(f"epp-{p.model}", host, p.picker_port, tls) for p in pools]
+    clusters = [_picker_cluster(f"epp-{p.model}", host, (p.picker_port, *p.more_picker_ports),
+                                tls) for p in pools]
     clusters += [_original_dst_cluster(f"pool-{p.model}") for p in pools]
     if router_port is not None:
-        clusters.append(_picker_cluster(PROCESSING_SERVER, host, router_port, tls))
+        clusters.append(_picker_cluster(PROCESSING_SERVER, host, (router_port,), tls))
     return {
         "admin": {"address": _address("127.0.0.1", admin)},
         "static_resources": {
@@ -768,7 +775,7 @@ def _gateway_router_filter() -> dict[str, Any]:
     }
 
 
-def _picker_cluster(name: str, host: str, port: int, tls: bool) -> dict[str, Any]:
+def _picker_cluster(name: str, host: str, ports: tuple[int, ...], tls: bool) -> dict[str, Any]:
     cluster: dict[str, Any] = {
         "name": name,
         "type": "STRICT_DNS",
@@ -780,11 +787,17 @@ def _picker_cluster(name: str, host: str, port: int, tls: bool) -> dict[str, Any
                 "explicit_http_config": {"http2_protocol_options": {}},
             }
         },
-        "load_assignment": _endpoints(name, (f"{host}:{port}",)),
+        "load_assignment": _endpoints(name, tuple(f"{host}:{port}" for port in ports)),
     }
+    if len(ports) > 1:
+        cluster["health_checks"] = [{
+            "timeout": "0.5s", "interval": "0.5s", "no_traffic_interval": "0.5s",
+            "unhealthy_threshold": 1, "healthy_threshold": 1,
+            "grpc_health_check": {"service_name": EXT_PROC_SERVICE}}]
     if tls:
-        # As Envoy AI Gateway generates it: no ALPN, not verified.
-        cluster["transport_socket"] = _tls_socket(None, alpn=False)
+        # As Envoy AI Gateway generates it: no ALPN, not verified. (Envoy's gRPC health check
+        # of several replicas reaches them only with ALPN h2.)
+        cluster["transport_socket"] = _tls_socket(None, alpn=len(ports) > 1)
     return cluster
 
 

@@ -272,13 +272,7 @@ class Stack:
 
     def envoy_stats(self, prefix: str = "") -> dict[str, int]:
         """Envoy's counters and gauges whose names start with ``prefix``."""
-        if self.envoy_admin is None:
-            return {}
-        url = f"http://127.0.0.1:{self.envoy_admin}/stats?format=json"
-        with urllib.request.urlopen(url, timeout=5) as response:
-            doc = json.load(response)
-        return {s["name"]: int(s["value"]) for s in doc.get("stats", [])
-                if "value" in s and s["name"].startswith(prefix)}
+        return envoy_stats(self.envoy_admin, prefix)
 
     def stop(self) -> None:
         for service in reversed(self.services):
@@ -295,14 +289,8 @@ class Stack:
         """One step of a rolling restart: SIGTERM replica ``index`` (it drains:
         ``server.drain``), start it again on its ports, and return once Envoy's health check
         sends it streams again."""
-        service = self.processors[index].service
-        service.stop(timeout=drain_timeout)
-        service.start()
-        deadline = time.monotonic() + READY_TIMEOUT
-        while self.healthy_processors() < len(self.processors):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"Envoy never found {service.name} ready again")
-            time.sleep(0.05)
+        _restarted(self.processors[index].service, self.healthy_processors,
+                   len(self.processors), drain_timeout)
 
     def continuity(self) -> dict[str, Counter[str]]:
         """The simulators' continuity oracles summed: ``violations`` (ids a worker was handed
@@ -315,6 +303,31 @@ class Stack:
                 for key, counts in totals.items():
                     counts.update(state[key])
         return totals
+
+
+def envoy_stats(admin: int | None, prefix: str = "") -> dict[str, int]:
+    """The counters and gauges whose names start with ``prefix`` of the Envoy whose admin
+    listens on ``admin`` (None: none)."""
+    if admin is None:
+        return {}
+    url = f"http://127.0.0.1:{admin}/stats?format=json"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        doc = json.load(response)
+    return {s["name"]: int(s["value"]) for s in doc.get("stats", [])
+            if "value" in s and s["name"].startswith(prefix)}
+
+
+def _restarted(service: Service, healthy: Callable[[], int], count: int,
+               drain_timeout: float) -> None:
+    """SIGTERM ``service`` (a saar replica: it drains, ``server.drain``), start it again on
+    its ports, and return once Envoy's health check finds all ``count`` replicas ready."""
+    service.stop(timeout=drain_timeout)
+    service.start()
+    deadline = time.monotonic() + READY_TIMEOUT
+    while healthy() < count:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"Envoy never found {service.name} ready again")
+        time.sleep(0.05)
 
 
 def _store_service(kind: str, workdir: Path, name: str | None = None, *extra: str,
@@ -611,7 +624,8 @@ def run_stack(
 @dataclass
 class Gateway:
     """A running gateway emulation: ``url`` is Envoy's listener; ``pickers`` maps a model to
-    its endpoint picker; ``router`` is the model router in front, if any."""
+    its endpoint picker (``replicas``: to all its replicas, that one first); ``router`` is the
+    model router in front, if any."""
 
     workdir: Path
     url: str
@@ -619,12 +633,25 @@ class Gateway:
     pickers: dict[str, Processor]
     router: Processor | None
     access_log: Path
-    services: list[Service] = field(default_factory=list)
+    services: list[StoreProcess] = field(default_factory=list)
+    replicas: dict[str, list[Processor]] = field(default_factory=dict)
+    envoy_admin: int | None = None
 
     def instance(self, name: str) -> str:
         """The ``host:port`` of the simulator that answers ``x-sim-instance: name``."""
         model, _, index = name.rpartition("-")
         return self.sims[model][int(index)].removeprefix("http://")
+
+    def healthy_pickers(self, model: str) -> int:
+        """The replicas of ``model``'s picker Envoy sends new streams to."""
+        stats = envoy_stats(self.envoy_admin, f"cluster.epp-{model}.")
+        return stats.get(f"cluster.epp-{model}.membership_healthy", 0)
+
+    def restart_picker(self, model: str, index: int, *, drain_timeout: float = 60.0) -> None:
+        """One step of a rolling restart of ``model``'s picker (as ``Stack.restart_processor``)."""
+        _restarted(self.replicas[model][index].service,
+                   functools.partial(self.healthy_pickers, model), len(self.replicas[model]),
+                   drain_timeout)
 
 
 @contextlib.contextmanager
@@ -638,15 +665,19 @@ def run_gateway(
     fail_open: bool = False,
     workdir: str | Path | None = None,
     roles: Sequence[str] = (),
+    sim_args: Sequence[str] = (),
+    picker_replicas: int = 1,
+    store: str | None = None,
 ) -> Iterator[Gateway]:
     """Envoy in the shape a gateway generates for InferencePools (``gateway_bootstrap``), an
     endpoint picker per pool (``saar serve --pool-name MODEL``, TLS) and ``workers_per_model``
     simulated workers per model; with ``router``, the model router in front (``saar serve``,
     scheduling off). The pickers use their config's workers (static discovery). ``roles``: the
-    workers of each model and their phases (a disaggregated pool)."""
+    workers of each model and their phases (a disaggregated pool). ``picker_replicas`` pickers
+    per pool share their state through ``store`` (a ``store_server`` kind)."""
     tmp = Path(workdir or tempfile.mkdtemp(prefix="saar-gateway-"))
     tmp.mkdir(parents=True, exist_ok=True)
-    services: list[Service] = []
+    services: list[StoreProcess] = []
 
     def spawn(name: str, argv: Sequence[str],
               ready: Callable[[subprocess.Popen[bytes]], None]) -> Service:
@@ -665,15 +696,23 @@ def run_gateway(
 
     try:
         config = copy.deepcopy(base_config)
-        sims = _start_sims(config, workers_per_model, (), None, spawn, roles)
+        if store is not None:
+            store_service, store_url = _store(store, tmp)
+            services.append(store_service)
+            store_service.start()
+            config["state"] = {**config.get("state", {}), "store": "redis",
+                               "redis_url": store_url}
+        sims = _start_sims(config, workers_per_model, sim_args, None, spawn, roles)
         server = config.setdefault("server", {})
         server.update({"host": "127.0.0.1", "tls": {"enabled": tls}})
         picker_path = tmp / "picker.yaml"
         picker_path.write_text(yaml.safe_dump(config, sort_keys=False))
         chosen = tuple(pools or (m for m, spec in config["models"].items()
                                  if not spec.get("base")))
-        pickers = {model: processor(f"picker-{model}", picker_path, "--pool-name", model)
-                   for model in chosen}
+        replicas = {model: [processor(f"picker-{model}" + (f"-{i}" if i else ""), picker_path,
+                                      "--pool-name", model) for i in range(picker_replicas)]
+                    for model in chosen}
+        pickers = {model: found[0] for model, found in replicas.items()}
         front = None
         if router:
             routed = copy.deepcopy(config)
@@ -685,7 +724,8 @@ def run_gateway(
         listen, admin = free_port(), free_port()
         access_log = tmp / "access.log"
         doc = gateway_bootstrap(
-            tuple(GatewayPool(m, pickers[m].grpc_port, fail_open) for m in chosen),
+            tuple(GatewayPool(m, pickers[m].grpc_port, fail_open,
+                              tuple(p.grpc_port for p in replicas[m][1:])) for m in chosen),
             listen=listen, admin=admin, model_header=parsed.routing.model_header,
             router_port=front.grpc_port if front else None, tls=tls,
             access_log=str(access_log))
@@ -695,7 +735,7 @@ def run_gateway(
                         "--concurrency", "1", "--use-dynamic-base-id"],
               functools.partial(wait_http, f"http://127.0.0.1:{admin}/ready"))
         yield Gateway(tmp, f"http://127.0.0.1:{listen}", sims, pickers, front, access_log,
-                      services)
+                      services, replicas, admin)
     finally:
         for service in reversed(services):
             service.close()

@@ -8,10 +8,13 @@ import pytest
 import yaml
 
 from extproc.adapter.bootstrap import (
+    EXT_PROC_SERVICE,
     EnvoyPorts,
+    GatewayPool,
     ProcessorTls,
     bootstrap,
     fragment,
+    gateway_bootstrap,
     render,
     render_fragment,
 )
@@ -308,3 +311,25 @@ def test_the_processors_health_is_checked_every_half_second_from_the_start():
             (check,) = cluster["health_checks"]
             assert check["interval"] == check["no_traffic_interval"] == "0.5s"
             assert check["grpc_health_check"] == {"service_name": "readiness"}
+
+
+def test_a_pools_picker_replicas_are_health_checked_as_its_service_lists_ready_pods():
+    """One picker: the shape Envoy AI Gateway generates (no health check, no ALPN). Several
+    (the harness's rolling restarts): each an endpoint, checked for the ext_proc service's
+    gRPC health every half second, so a draining replica gets no new stream (issue 32)."""
+    def picker(*more: int) -> dict:
+        doc = gateway_bootstrap((GatewayPool("m", 9002, more_picker_ports=more),), listen=1,
+                                admin=2, model_header="x-model")
+        return next(c for c in doc["static_resources"]["clusters"] if c["name"] == "epp-m")
+
+    one, two = picker(), picker(9102)
+    assert "health_checks" not in one
+    assert "alpn_protocols" not in one["transport_socket"]["typed_config"]["common_tls_context"]
+    ports = [e["endpoint"]["address"]["socket_address"]["port_value"]
+             for e in two["load_assignment"]["endpoints"][0]["lb_endpoints"]]
+    assert ports == [9002, 9102]
+    (check,) = two["health_checks"]
+    assert check["grpc_health_check"] == {"service_name": EXT_PROC_SERVICE}
+    assert check["interval"] == check["no_traffic_interval"] == "0.5s"
+    assert two["transport_socket"]["typed_config"]["common_tls_context"]["alpn_protocols"] == [
+        "h2"]
