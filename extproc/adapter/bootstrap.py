@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -162,7 +163,8 @@ def bootstrap(
                 }
             ],
         },
-        "http_filters": [_routing_filter(renders=True), _observe_filter(), _router_filter()],
+        "http_filters": [_routing_filter(renders=True, hold=max_message_timeout(config)),
+                         _observe_filter(), _router_filter()],
     }
     if access_log:
         hcm["access_log"] = [_access_log(access_log)]
@@ -201,7 +203,8 @@ def fragment(config: Config, ports: EnvoyPorts) -> dict[str, Any]:
     filter, in this order), the processor clusters, and the routes (before its own: the
     models list, and the routed requests by the model cluster the processor names)."""
     return {
-        "http_filters": [_routing_filter(renders=False), _observe_filter()],
+        "http_filters": [_routing_filter(renders=False, hold=max_message_timeout(config)),
+                         _observe_filter()],
         "clusters": processor_clusters(config, ports),
         "routes": processor_routes(config),
     }
@@ -359,7 +362,26 @@ def _observe_off() -> dict[str, Any]:
     }
 
 
-def _routing_filter(*, renders: bool) -> dict[str, Any]:
+def longest_hold(config: Config) -> float:
+    """The longest the processor may hold a request's message: a flow-control class's queue
+    TTL, admission's hold. Envoy's ``max_message_timeout`` must outlast it, or Envoy ignores
+    the hold (its override is out of range) and answers 504 after ``message_timeout``."""
+    holds = [0.0]
+    flow, admission = config.scheduling.flow_control, config.scheduling.admission
+    if flow.enabled:
+        holds += [c.ttl_seconds for c in flow.classes.values()]
+    if admission.enabled and admission.on_paused == "hold":
+        holds.append(admission.hold_timeout_seconds)
+    return max(holds)
+
+
+def max_message_timeout(config: Config) -> str:
+    """Envoy's bound on a held message: 60 s, or longer where a hold is (``hold_reply`` asks
+    for the hold rounded up and a second more)."""
+    return f"{max(60, math.ceil(longest_hold(config)) + 2)}s"
+
+
+def _routing_filter(*, renders: bool, hold: str = "60s") -> dict[str, Any]:
     """One stream per request: headers, the buffered body (the reply routes and rewrites it),
     the response headers and — switched on per request — a JSON answer's buffered body.
     ``renders``: the virtual host adds the diagnostic headers from the ``saar`` metadata (a
@@ -377,7 +399,7 @@ def _routing_filter(*, renders: bool) -> dict[str, Any]:
             # Fail closed: a request that bypassed the processor would keep spoofed headers.
             "failure_mode_allow": False,
             "message_timeout": "1s",
-            "max_message_timeout": "60s",
+            "max_message_timeout": hold,
             "allow_mode_override": True,
             # Which worker Envoy really used, sent with the response headers.
             "response_attributes": [UPSTREAM_ATTRIBUTE],

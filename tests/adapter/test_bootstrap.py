@@ -15,6 +15,7 @@ from extproc.adapter.bootstrap import (
     bootstrap,
     fragment,
     gateway_bootstrap,
+    longest_hold,
     render,
     render_fragment,
 )
@@ -29,7 +30,7 @@ from extproc.adapter.contract import (
 )
 from extproc.config import Tls, load_config
 from extproc.dev.harness import envoy_binary
-from tests.conftest import EXAMPLE_CONFIG, ROOT
+from tests.conftest import EXAMPLE_CONFIG, ROOT, session_config_data
 
 CHECKED_IN = ROOT / "envoy" / "envoy.yaml"
 
@@ -333,3 +334,22 @@ def test_a_pools_picker_replicas_are_health_checked_as_its_service_lists_ready_p
     assert check["interval"] == check["no_traffic_interval"] == "0.5s"
     assert two["transport_socket"]["typed_config"]["common_tls_context"]["alpn_protocols"] == [
         "h2"]
+
+
+@pytest.mark.parametrize(("scheduling", "bound"), [
+    ({}, "60s"),  # no hold longer than Envoy's default bound
+    ({"flow_control": {"enabled": True}}, "302s"),  # the batch class queues up to 300 s
+    ({"flow_control": {"enabled": True, "classes": {"interactive": {"ttl_seconds": 60}}}},
+     "62s"),  # a 60 s hold is asked as 61 s: a 60 s bound would have Envoy ignore it (504)
+    ({"admission": {"enabled": True, "hold_timeout_seconds": 90}}, "92s"),
+    ({"admission": {"enabled": True, "hold_timeout_seconds": 90, "on_paused": "reject"}}, "60s"),
+])
+def test_envoy_outlasts_every_hold_the_processor_may_ask_for(scheduling, bound):
+    from extproc.adapter.codec import hold_reply
+    from extproc.config import parse_config
+
+    config = parse_config({**session_config_data(), "scheduling": scheduling})
+    (routing, _) = fragment(config, EnvoyPorts(listen=10000, admin=9901))["http_filters"]
+    assert routing["typed_config"]["max_message_timeout"] == bound
+    longest = hold_reply(longest_hold(config)).override_message_timeout.seconds
+    assert longest <= int(bound.rstrip("s"))
