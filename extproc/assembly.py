@@ -155,7 +155,7 @@ def _pools(config: Config, clock: Clock, table: SessionTable, rng: random.Random
     if prefix.mode == "precise":
         weights = prefix.tier_weights
         index = PreciseKVIndex(block_size=prefix.block_size, weights=TierWeights(
-            weights.device, weights.cpu, weights.disk, weights.shared))
+            weights.device, weights.cpu, weights.disk, weights.shared), clock=clock)
     else:
         index = ApproximatePrefixIndex.from_config(prefix)
     memo = BlockMemo(prefix.chars_per_block, table=table)

@@ -830,9 +830,13 @@ class Scheduling:
     scorers: dict[StrictStr, NonNegative] = field(default_factory=lambda: _default_weights())
     """Scorer name → weight (0 leaves it out); the names and defaults are the plugin
     registry's (``scheduling.plugins``)."""
-    cost_form: Literal["weighted", "dynamo"] = "weighted"
-    """``weighted`` (scorers × weights) or ``dynamo`` (overlap weight × uncached prefill blocks +
-    active decode blocks, lowest wins)."""
+    cost_form: Literal["weighted", "dynamo", "predicted"] = "predicted"
+    """``predicted`` (each worker's predicted time to first token in seconds — the queue
+    ahead, the uncached prompt, decode steps — with the decode interference it adds and the
+    KV it would evict from live sessions there, at rates learnt from the engines and the
+    answers; lowest wins, the scorers break its ties), ``weighted`` (scorers × weights,
+    highest wins) or ``dynamo`` (overlap weight × uncached prefill blocks + active decode
+    blocks, lowest wins)."""
     overlap_weight: NonNegative = 1.0
     """``dynamo`` cost form: the weight of uncached prefill blocks against active decode blocks."""
     session_idle_seconds: Positive = 120.0

@@ -391,7 +391,7 @@ class Router:
             placement = self.pools.place(
                 prompt, decision.model, key, subset, bound=bound, pinned=pinned,
                 identity=identity, ttft=arrival.ttft if arrival is not None else None,
-                tpot=arrival.tpot if arrival is not None else None,
+                tpot=arrival.tpot if arrival is not None else None, request_id=replay_id,
             )
             body = None
             if decision.model != summary.model and self._rewrite:
@@ -560,6 +560,7 @@ class Router:
         self.journal.completed(turn.replay_id, Outcome(
             first_chunk_ms=round((now - turn.started) * 1000, 3)))
         self.pools.flow.first_token(turn.replay_id)
+        self.pools.first_token(turn.replay_id)
         picked, predictor = self._picked.get(turn.replay_id), self.pools.predictor
         if picked is None or predictor is None or picked.first is not None:
             return
@@ -631,8 +632,10 @@ class Router:
 
     def observed(self, turn: Turn, response: ResponseSummary) -> None:
         """What an answer carried, told to the journal by the stream that read it, as soon as
-        it read the answer's end (its usage estimated if it reported none)."""
+        it read the answer's end (its usage estimated if it reported none); the worker's
+        predicted rates learn from its timings and usage."""
         self.journal.completed(turn.replay_id, Outcome(response=reported(turn, response)))
+        self.pools.answered(turn.replay_id, response.usage)
 
     @staticmethod
     def claim(turn: Turn, ids: Iterable[str]) -> Claim | None:
@@ -654,7 +657,7 @@ class Router:
         self.pools.finished(
             routed.placement, turn.session_key,
             usage.prompt_tokens if usage else turn.context_tokens, completion,
-            answered=not aborted)
+            answered=not aborted, request_id=turn.replay_id)
         arrival = routed.arrival
         if arrival is not None:
             self.pools.flow.finished(

@@ -138,8 +138,15 @@ def _worker(record: Record) -> str:
     if not worker or not worker.get("picked"):
         return "no pick here: a pool of one (Envoy's balancer), or the pool's endpoint picker picks"
     picked = worker["picked"]
+    predicted = worker.get("predicted") or {}
     if worker.get("pinned") == picked:
         why = "pinned by the lock (the worker holding the session's tool calls)"
+    elif picked in predicted:
+        why = _predicted(predicted[picked])
+        others = sorted(((a, p) for a, p in predicted.items() if a != picked),
+                        key=lambda x: x[1]["cost_s"])
+        if others:
+            why += "; next " + ", ".join(f"{a} {p['cost_s'] * 1e3:.1f} ms" for a, p in others[:2])
     else:
         scores = worker.get("scores") or {}
         by_scorer = worker.get("by_scorer") or {}
@@ -155,6 +162,25 @@ def _worker(record: Record) -> str:
     fallbacks = worker.get("fallbacks") or []
     tail = f"; fallbacks {', '.join(fallbacks)}" if fallbacks else ""
     return f"{picked}: {why}{tail}"
+
+
+def _predicted(p: dict[str, Any]) -> str:
+    """One candidate's predicted time to first token, term by term, and what it costs the
+    others there."""
+    ms = {k: p[k] * 1e3 for k in ("ttft_s", "wait_s", "prefill_s", "steps_s", "overhead_s",
+                                  "interference_s", "evicts_s")}
+    text = (f"predicted TTFT {ms['ttft_s']:.1f} ms (wait {ms['wait_s']:.1f} for "
+            f"{p['ahead_tokens']} tokens ahead + prefill {ms['prefill_s']:.1f} of "
+            f"{p['uncached_tokens']} uncached + {ms['steps_s']:.1f} of decode steps + "
+            f"{ms['overhead_s']:.1f})")
+    if p.get("adapter_s"):
+        text += f", its adapter loaded in {p['adapter_s'] * 1e3:.1f} ms"
+    if p["interference_s"]:
+        text += (f", +{ms['interference_s']:.1f} ms its prefill costs the {p['decoding']} "
+                 "decoding there")
+    if p["evicts_s"]:
+        text += f", +{ms['evicts_s']:.1f} ms of live sessions' KV it evicts"
+    return text
 
 
 def _outcome(outcome: dict[str, Any]) -> str:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import xxhash
 
 from ..core.journal import Decided, Outcome
+from ..scheduling.types import Prediction
 from ..types import ResponseSummary
 from .replay import Record, ReplayStore
 from .trace import MooncakeTraceWriter
@@ -229,6 +230,8 @@ def decision_record(entry: Decided) -> dict[str, Any]:
             "scores": {k: round(v, 4) for k, v in result.total.items()},
             "by_scorer": {name: {k: round(v, 4) for k, v in scores.items()}
                           for name, scores in result.scores.items()},
+            "predicted": {address: prediction_fields(p)
+                          for address, p in result.predicted.items()} or None,
         },
         "pd": None
         if placement.split is None
@@ -255,6 +258,20 @@ def decision_record(entry: Decided) -> dict[str, Any]:
                   for h in entry.holds] or None,
         "traceparent": traceparent
         if traceparent is not None and _TRACEPARENT.fullmatch(traceparent) else None,
+    }
+
+
+def prediction_fields(prediction: Prediction) -> dict[str, float]:
+    """One candidate's predicted time to first token, term by term in seconds (the
+    ``predicted`` cost form), with the tokens they were priced from."""
+    p = prediction
+    return {
+        "ttft_s": round(p.ttft_s, 6), "wait_s": round(p.wait_s, 6),
+        "prefill_s": round(p.prefill_s, 6), "steps_s": round(p.steps_s, 6),
+        "overhead_s": round(p.overhead_s, 6), "interference_s": round(p.interference_s, 6),
+        "adapter_s": round(p.adapter_s, 6), "evicts_s": round(p.evicts_s, 6),
+        "cost_s": round(p.cost_s, 6), "uncached_tokens": round(p.uncached_tokens),
+        "ahead_tokens": round(p.ahead_tokens), "decoding": p.decoding,
     }
 
 

@@ -4,8 +4,10 @@ SAAR picks the model; this package picks the worker (a model server) that serves
 Gateway API Inference Extension shape: filters, weighted scorers and a picker, run by one
 ``Scheduler`` that times and contains each plugin. Around it: the prefix indexes (approximate;
 precise with memory tiers and a shared pool, ``kv_events`` / ``shared_pool``), the
-session-prefix index and the KV hints admission drives. Everything here is pure and synchronous:
-the sockets that feed it and deliver its hints are the service's (``extproc.service``).
+session-prefix index and the KV hints admission drives. By default the pick minimises each
+worker's predicted time to first token (``predicted``), the scorers breaking its ties.
+Everything here is pure and synchronous: the sockets that feed it and deliver its hints are
+the service's (``extproc.service``).
 """
 
 from .admission import AdmissionController, AdmissionTick
@@ -14,6 +16,7 @@ from .cost import DynamoCost
 from .filters import HealthyFilter, SubsetFilter
 from .kv_hints import KvHint, KvHintEmitter
 from .picker import MaxScorePicker
+from .predicted import PredictedCost
 from .prefix_index import ApproximatePrefixIndex
 from .scheduler import Scheduler, from_config
 from .scorers import KvUtilizationScorer, PrefixScorer, QueueScorer
@@ -46,6 +49,7 @@ __all__ = [
     "MaxScorePicker",
     "PickObserver",
     "Picker",
+    "PredictedCost",
     "PrefixIndex",
     "PrefixScorer",
     "QueueScorer",

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import logging
 import struct
+import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -326,6 +328,12 @@ class _WorkerView:
 
 _NO_VIEW = _WorkerView()
 """What a worker that never reported looks like (read only)."""
+_NO_ROUTED: OrderedDict[int, float] = OrderedDict()
+"""A worker nothing was routed to lately (read only)."""
+ROUTED_SECONDS = 10.0
+"""How long routed blocks count as on a worker's device before its events confirm them:
+longer than a request's queue and prefill usually take, short enough that a request refused
+or sent elsewhere stops counting soon."""
 
 
 class PreciseKVIndex:
@@ -348,9 +356,17 @@ class PreciseKVIndex:
         model: str | None = None,
         max_blocks_per_worker: int = 65536,
         weights: TierWeights | None = None,
+        routed_seconds: float = ROUTED_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``routed_seconds``: how long blocks routed to a worker count as on its device before
+        its events confirm them (0: never)."""
         if block_size < 1 or max_blocks_per_worker < 1:
             raise ValueError("block_size and max_blocks_per_worker must be positive")
+        self.routed_seconds = routed_seconds
+        self._clock = clock
+        self._routed: dict[str, OrderedDict[int, float]] = {}
+        """worker → own hash → until when it counts as on the device, soonest first."""
         self.block_size = block_size
         self.max_blocks_per_worker = max_blocks_per_worker
         self.weights = weights or TierWeights()
@@ -396,7 +412,8 @@ class PreciseKVIndex:
         device, cpu, disk = view.held[DEVICE], view.held[CPU], view.held[DISK]
         total = len(blocks)
         depth = 0
-        while depth < total and blocks[depth] in device:
+        routed = self._routed_now(worker)
+        while depth < total and (blocks[depth] in device or blocks[depth] in routed):
             depth += 1
         if not (cpu or disk or self.shared):
             return TierOverlap(depth, weighted=float(depth))
@@ -419,7 +436,31 @@ class PreciseKVIndex:
         return TierOverlap(depth, host - depth, local - host, shared, weighted)
 
     def routed(self, worker: str, blocks: Sequence[int], extends: int = 0) -> None:
-        """Routing teaches nothing here: only the worker's events do."""
+        """``blocks`` were sent to ``worker``: they count as on its device (soon cached
+        there) for ``routed_seconds``, or until its events say it dropped them — so a
+        concurrent request with the same prompt, or the session's next turn sent before the
+        events came, finds them there (Dynamo's predicted-on-route side index)."""
+        if self.routed_seconds <= 0 or not blocks:
+            return
+        routed = self._routed_now(worker)
+        if not routed:
+            routed = self._routed[worker] = OrderedDict()
+        until = self._clock() + self.routed_seconds
+        for block in blocks[: self.max_blocks_per_worker]:
+            routed[block] = until
+            routed.move_to_end(block)
+        while len(routed) > self.max_blocks_per_worker:
+            routed.popitem(last=False)
+
+    def _routed_now(self, worker: str) -> OrderedDict[int, float]:
+        """``worker``'s routed blocks still counting (the lapsed ones dropped)."""
+        routed = self._routed.get(worker)
+        if not routed:
+            return _NO_ROUTED
+        now = self._clock()
+        while routed and next(iter(routed.values())) <= now:
+            routed.popitem(last=False)
+        return routed
 
     def block_count(self, worker: str, tier: str | None = None) -> int:
         """Blocks ``worker`` reports (in ``tier``; None: in any)."""
@@ -442,6 +483,7 @@ class PreciseKVIndex:
 
     def forget(self, worker: str) -> None:
         self._views.pop(worker, None)
+        self._routed.pop(worker, None)
 
     def apply(self, worker: str, batch: EventBatch, seq: int | None = None) -> None:
         """Apply one published batch. ``seq`` (the wire sequence number) detects lost batches:
@@ -483,6 +525,7 @@ class PreciseKVIndex:
                         self._tell(worker, tier, list(held), False)
                     view.clear()
                     view.stale = False
+                    self._routed.pop(worker, None)
 
     def _store(self, worker: str, view: _WorkerView, event: BlockStored, tier: str) -> None:
         count = len(event.block_hashes)
@@ -519,6 +562,8 @@ class PreciseKVIndex:
         for name, bit in _BIT.items():
             if bits & bit and (tier is None or tier == name) and own not in view.held[name]:
                 self._tell(worker, name, [own], False)
+                if name == DEVICE:  # gone from the device: no longer soon cached either
+                    self._routed.get(worker, _NO_ROUTED).pop(own, None)
 
     def _tell(self, worker: str, tier: str, own: Sequence[int], stored: bool) -> None:
         if own:

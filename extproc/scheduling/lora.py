@@ -81,6 +81,14 @@ class LoraAffinityScorer:
         """The session left the table (a table's leaving hook)."""
         self._drop(entry)
 
+    def loaded(self, worker: Worker) -> frozenset[str]:
+        """The adapters in ``worker``'s slots as far as the router knows: those its gauge
+        names running or waiting, and those of the live sessions placed there."""
+        self._expire()
+        placed = self._placed.get(worker.address)
+        found = worker.adapters_running | worker.adapters_waiting
+        return found | placed.keys() if placed else found
+
     def _score(self, adapter: str, worker: Worker) -> float:
         placed = self._placed.get(worker.address, Counter())
         loaded = worker.adapters_running | worker.adapters_waiting | placed.keys()

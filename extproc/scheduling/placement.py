@@ -23,7 +23,7 @@ from ..apis import Preambles, render_prompt
 from ..config import Config
 from ..errors import ModelUnavailable, RateLimited
 from ..state.table import Entry, SessionTable
-from ..types import RequestSummary, SessionIdentity
+from ..types import RequestSummary, SessionIdentity, Usage
 from . import (
     AdmissionController,
     AdmissionTick,
@@ -241,13 +241,15 @@ class Pools:
         identity: SessionIdentity | None = None,
         ttft: float | None = None,
         tpot: float | None = None,
+        request_id: str | None = None,
     ) -> Placement:
         """Score ``model``'s workers; 503 when none is eligible, 429 when all are overloaded.
         ``bound`` is the session's worker (affinity), ``pinned`` a hard lock's worker, first
         while eligible; ``identity`` names the session's parent (a sub-agent goes where its
         parent is) and its id on the wire (KV hints); ``ttft`` and ``tpot`` its latency
-        targets (the SLO scorer's). A single-worker pool with no subset hint is left to Envoy
-        (nothing to choose), unless this process is an endpoint picker (``required``)."""
+        targets (the SLO scorer's); ``request_id`` names it to the predicted cost form until
+        ``first_token`` / ``finished``. A single-worker pool with no subset hint is left to
+        Envoy (nothing to choose), unless this process is an endpoint picker (``required``)."""
         pool = self.registry.pool(model)
         if not self.enabled or (len(pool) <= 1 and subset is None and not self.required):
             return Placement(())
@@ -259,6 +261,7 @@ class Pools:
             model, session_key, blocks, prompt.request.context_tokens,
             subset, bound, pinned, reused, prompt._matched.get(model), parent,
             adapter=model if self.registry.is_adapter(model) else None, ttft=ttft, tpot=tpot,
+            request_id=request_id,
         )
         result = self.scheduler.schedule(request, pool)
         if result.shed:
@@ -307,6 +310,22 @@ class Pools:
             self.registry.started(placement.prefill)
         self.admission.turn_started(session_key, placement.worker, tokens)
 
+    def first_token(self, request_id: str) -> None:
+        """A streamed answer's first token passed: its prefill no longer waits ahead of others
+        on its worker (the predicted cost form)."""
+        predicted = self.scheduler.predicted
+        if predicted is not None:
+            predicted.first_token(request_id)
+
+    def answered(self, request_id: str, usage: Usage | None) -> None:
+        """An answer is complete, with what it used: the predicted cost form learns its
+        timings (its cached tokens, when the engine reported them)."""
+        predicted = self.scheduler.predicted
+        if predicted is None or usage is None:
+            return
+        cached = usage.cached_tokens if not usage.estimated and usage.cached_tokens else None
+        predicted.answered(request_id, usage.prompt_tokens, cached, usage.completion_tokens)
+
     def prefilled(self, placement: Placement) -> None:
         """The answer began: the decode worker's sidecar is past its prefill worker's call."""
         if placement.prefill is not None:
@@ -326,12 +345,17 @@ class Pools:
         completion_tokens: int,
         *,
         answered: bool = True,
+        request_id: str | None = None,
     ) -> None:
         """The response ended: a tool boundary for admission, one fewer in flight (and on
-        the prefill worker too when no answer began: ``prefilled`` was never told)."""
+        the prefill worker too when no answer began: ``prefilled`` was never told), nothing
+        more of it ahead of others in the predicted cost form."""
         if placement.worker is None:
             return
         self.registry.finished(placement.worker)
+        predicted = self.scheduler.predicted
+        if request_id is not None and predicted is not None:
+            predicted.finished(request_id)
         if not answered:
             self.prefilled(placement)
         self.admission.turn_finished(

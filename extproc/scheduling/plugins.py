@@ -46,7 +46,7 @@ class ScorerPlugin:
     make: Callable[[Context], Scorer]
 
 
-def _active_sessions(context: Context) -> Scorer:
+def active_sessions(context: Context) -> ActiveSessionsScorer:
     return ActiveSessionsScorer(idle_seconds=context.config.session_idle_seconds,
                                 table=context.table, clock=context.clock,
                                 max_sessions=context.max_sessions)
@@ -67,7 +67,7 @@ SCORERS: dict[str, ScorerPlugin] = {plugin.name: plugin for plugin in (
     ScorerPlugin(QueueScorer.name, 2.0, lambda c: QueueScorer()),
     ScorerPlugin(KvUtilizationScorer.name, 2.0, lambda c: KvUtilizationScorer()),
     ScorerPlugin(SessionAffinityScorer.name, 1.0, lambda c: SessionAffinityScorer()),
-    ScorerPlugin(ActiveSessionsScorer.name, 3.0, _active_sessions),
+    ScorerPlugin(ActiveSessionsScorer.name, 3.0, active_sessions),
     ScorerPlugin(LoraAffinityScorer.name, 8.0, _lora_affinity),
     ScorerPlugin(SloScorer.name, 2.0, lambda c: SloScorer(c.predictor)),
 )}

@@ -20,12 +20,15 @@ from .filters import DecodeFilter, HealthyFilter, SubsetFilter
 from .latency import LatencyPredictor
 from .lora import LoraAffinityScorer
 from .picker import MaxScorePicker
-from .plugins import SCORERS, Context
+from .plugins import SCORERS, Context, active_sessions
+from .predicted import PredictedCost
+from .prefix_index import ApproximatePrefixIndex
 from .sessions import ActiveSessionsScorer
 from .types import (
     Filter,
     Picker,
     PickObserver,
+    Prediction,
     PrefixIndex,
     ScheduleResult,
     SchedulingRequest,
@@ -47,13 +50,17 @@ class Scheduler:
         index: PrefixIndex,
         *,
         cost: DynamoCost | None = None,
+        predicted: PredictedCost | None = None,
         observers: Sequence[PickObserver] = (),
         max_waiting: int = 0,
         timer: Callable[[], float] = time.perf_counter,
         prefer: Callable[[str | None], str | None] | None = None,
         placed: Callable[[str | None], str | None] | None = None,
     ) -> None:
-        """``cost`` switches to Dynamo's cost form (scorers then unused); ``max_waiting`` > 0
+        """``cost`` switches to Dynamo's cost form (scorers then unused); ``predicted`` to the
+        predicted time to first token (the scorers only break its ties, and a sub-agent goes
+        where the prediction sends it, not to its parent's worker regardless);
+        ``max_waiting`` > 0
         sheds a request when every candidate has more waiting requests than that; ``prefer``
         names a session's worker that goes first if eligible (admission reserved room there);
         a request's ``pinned`` worker (a hard lock) goes first before that. ``placed`` tells
@@ -64,15 +71,17 @@ class Scheduler:
         self.filters = tuple(filters)
         self.index = index
         self.cost = cost
+        self.predicted = predicted
         self.observers = tuple(observers)
         self.max_waiting = max_waiting
         self._timer = timer
         self._prefer = prefer
         self._placed = placed
+        plugins = (*(s for s, _ in self.scorers), *self.observers)
         self.active_sessions = next(
-            (s for s, _ in self.scorers if isinstance(s, ActiveSessionsScorer)), None)
-        self.session_slots = tuple(s for s, _ in self.scorers
-                                   if isinstance(s, ActiveSessionsScorer | LoraAffinityScorer))
+            (s for s in plugins if isinstance(s, ActiveSessionsScorer)), None)
+        self.session_slots = tuple(dict.fromkeys(
+            s for s in plugins if isinstance(s, ActiveSessionsScorer | LoraAffinityScorer)))
         """The scorers whose per-session slots hang on the session table (told when a session
         leaves it)."""
 
@@ -107,7 +116,13 @@ class Scheduler:
         matched = run("prefix_index", no_match, self._matched, request, candidates)
         request = replace(request, matched=matched)  # what every scorer reads
         scores: dict[str, dict[str, float]] = {}
-        if self.cost is None:
+        predicted: dict[str, Prediction] = {}
+        cost, model = self.cost, self.predicted
+        if cost is not None:
+            cost.observe(request)
+            totals = {w.address: -cost.cost(request, w, matched.get(w.address, 0))
+                      for w in candidates}
+        else:
             for scorer, _ in self.scorers:
                 scores[scorer.name] = run(scorer.name, {}, _score, scorer, request, candidates)
             totals = {
@@ -115,15 +130,19 @@ class Scheduler:
                                for s, weight in self.scorers)
                 for w in candidates
             }
+            if model is not None:
+                predicted = run("predicted", predicted, model.predict, request, candidates,
+                                matched)
+        if model is not None and predicted:
+            weighted, totals = totals, {a: -p.cost_s for a, p in predicted.items()}
+            ordered = tuple(run("picker", sorted(totals), model.order, predicted, weighted,
+                                self.picker))
         else:
-            self.cost.observe(request)
-            totals = {w.address: -self.cost.cost(request, w, matched.get(w.address, 0))
-                      for w in candidates}
-        ordered = tuple(run("picker", sorted(totals), self.picker.pick, totals))
+            ordered = tuple(run("picker", sorted(totals), self.picker.pick, totals))
         preferred = request.pinned
         if preferred not in totals and self._prefer is not None:
             preferred = self._prefer(request.session_key)
-        if (preferred not in totals and request.bound_worker is None
+        if (preferred not in totals and request.bound_worker is None and not predicted
                 and request.parent_session is not None and self._placed is not None):
             parent = self._placed(request.parent_session)
             # Where the prefix is: the parent's worker unless another holds more of it.
@@ -136,6 +155,10 @@ class Scheduler:
             request.reused)
         for observer in self.observers:
             run(f"{_name(observer)}.picked", None, observer.picked, request, ordered[0])
+        if model is not None and predicted:
+            worker = next(w for w in candidates if w.address == ordered[0])
+            run("predicted.picked", None, model.picked, request, worker,
+                predicted.get(ordered[0]))
         return ScheduleResult(
             ordered,
             scores=scores,
@@ -143,6 +166,7 @@ class Scheduler:
             matched_blocks=matched,
             durations=run.durations,
             failed=tuple(run.failed),
+            predicted=predicted,
         )
 
     def _matched(
@@ -195,18 +219,30 @@ def from_config(
     time); ``prefer`` is admission's ``preferred_worker``; ``table`` the session table the
     active-sessions scorer's slots hang on (one of its own without it); ``predictor`` the
     latency model the SLO scorer reads (neutral without it)."""
-    dynamo = config.cost_form == "dynamo"
+    form = config.cost_form
     context = Context(config, index, clock, max_sessions, table, predictor)
-    scorers: list[tuple[Scorer, float]] = [] if dynamo else [
+    scorers: list[tuple[Scorer, float]] = [] if form == "dynamo" else [
         (SCORERS[name].make(context), weight) for name, weight in config.scorers.items() if weight]
     sessions = next((s for s, _ in scorers if isinstance(s, ActiveSessionsScorer)), None)
-    observers = [s for s, _ in scorers if isinstance(s, ActiveSessionsScorer | LoraAffinityScorer)]
+    observers: list[PickObserver] = [
+        s for s, _ in scorers if isinstance(s, ActiveSessionsScorer | LoraAffinityScorer)]
+    predicted = None
+    if form == "predicted":
+        if sessions is None:  # the live sessions' placements: what the ``evicts`` term reads
+            sessions = active_sessions(context)
+            observers.append(sessions)
+        lora = next((s for s, _ in scorers if isinstance(s, LoraAffinityScorer)), None)
+        predicted = PredictedCost(sessions=sessions, clock=clock,
+                                  cpu_weight=config.prefix.tier_weights.cpu,
+                                  host_guess=isinstance(index, ApproximatePrefixIndex),
+                                  adapters=None if lora is None else lora.loaded)
     return Scheduler(
         scorers,
         MaxScorePicker(rng),
         [SubsetFilter(), HealthyFilter(), DecodeFilter()],
         index,
-        cost=DynamoCost(config.overlap_weight) if dynamo else None,
+        cost=DynamoCost(config.overlap_weight) if form == "dynamo" else None,
+        predicted=predicted,
         observers=observers,
         max_waiting=config.max_waiting_per_worker,
         timer=timer,

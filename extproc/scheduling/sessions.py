@@ -36,6 +36,8 @@ class Placed:
     seen: float
     queued: float = -math.inf
     """When it last joined the lapse line (at most once per tenth of the idle time)."""
+    model: str | None = None
+    """The worker's model (its pool)."""
 
 
 class ActiveSessionsScorer:
@@ -69,7 +71,11 @@ class ActiveSessionsScorer:
         """(when queued, session) in time order: popped once idle, a session placed since
         joins again; it joins at most once per tenth of the idle time."""
         self._load: dict[str, int] = {}
+        self._count: dict[str, int] = {}
         self._live = 0
+        self.lapsed: list[Callable[[str | None, int], None]] = []
+        """Told ``(model, tokens of its last turn)`` of each session whose placement lapsed
+        (idle) or that left the table: how large the model's sessions grow."""
 
     def __len__(self) -> int:
         """Live sessions placed."""
@@ -80,6 +86,16 @@ class ActiveSessionsScorer:
         """Tokens of the live sessions placed on ``worker``."""
         self._expire()
         return self._load.get(worker, 0)
+
+    def count(self, worker: str) -> int:
+        """Live sessions placed on ``worker``."""
+        self._expire()
+        return self._count.get(worker, 0)
+
+    def placed(self, session_key: str | None) -> Placed | None:
+        """The live session's placement (None: not placed, or lapsed)."""
+        self._expire()
+        return self._placed(session_key)
 
     def score(self, request: SchedulingRequest, workers: Sequence[Worker]) -> dict[str, float]:
         self._expire()
@@ -108,8 +124,10 @@ class ActiveSessionsScorer:
         entry = self._table.touch(key)
         queued = entry.placed.queued if entry.placed is not None else -math.inf
         self._drop(entry)
-        placed = entry.placed = Placed(address, request.prompt_tokens, self._clock(), queued)
+        placed = entry.placed = Placed(address, request.prompt_tokens, self._clock(), queued,
+                                       request.model)
         self._load[address] = self._load.get(address, 0) + request.prompt_tokens
+        self._count[address] = self._count.get(address, 0) + 1
         self._live += 1
         self._queue(key, placed)
 
@@ -133,13 +151,21 @@ class ActiveSessionsScorer:
                 continue  # gone, or in the line again later
             if placed.seen <= horizon:
                 self._drop(entry)
+                self._lapse_told(placed)
             else:
                 placed.queued = -math.inf
                 self._queue(key, placed)
 
     def left(self, key: str, entry: Entry) -> None:
         """The session left the table: keep nothing of it (a table's leaving hook)."""
+        placed = entry.placed
         self._drop(entry)
+        if placed is not None:
+            self._lapse_told(placed)
+
+    def _lapse_told(self, placed: Placed) -> None:
+        for listener in self.lapsed:
+            listener(placed.model, placed.tokens)
 
     def _drop(self, entry: Entry) -> None:
         placed, entry.placed = entry.placed, None
@@ -151,3 +177,8 @@ class ActiveSessionsScorer:
             self._load[placed.worker] = left
         else:
             del self._load[placed.worker]
+        count = self._count[placed.worker] - 1
+        if count:
+            self._count[placed.worker] = count
+        else:
+            del self._count[placed.worker]

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from .types import EngineTotals
+
 _RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs")
 _WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs")
 _KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")
@@ -19,7 +21,20 @@ _SGLANG_CAPACITY = "sglang:max_total_num_tokens"
 _LORA = "vllm:lora_requests_info"
 """One sample per change, valued with its time; the newest says which adapters are running
 and waiting (comma lists) and ``max_lora``."""
-_NAMES = (*_RUNNING, *_WAITING, *_KV_USAGE, _VLLM_CACHE_CONFIG, _SGLANG_CAPACITY, _LORA)
+_TOTALS = {
+    "vllm:prompt_tokens_total": "prompt_tokens",
+    "vllm:prefix_cache_hits_total": "cached_tokens",
+    "vllm:request_prefill_time_seconds_sum": "prefill_seconds",
+    "vllm:request_prefill_time_seconds_count": "prefills",
+    "vllm:inter_token_latency_seconds_sum": "itl_seconds",
+    "vllm:inter_token_latency_seconds_count": "itls",
+    "vllm:time_per_output_token_seconds_sum": "tpot_seconds",
+    "vllm:time_per_output_token_seconds_count": "tpots",
+}
+"""The engine's running totals the predicted cost form learns its rates from (a histogram's
+``_sum`` and ``_count`` only: its buckets are never parsed)."""
+_NAMES = (*_RUNNING, *_WAITING, *_KV_USAGE, _VLLM_CACHE_CONFIG, _SGLANG_CAPACITY, _LORA,
+          *_TOTALS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +51,8 @@ class Signals:
     adapters_running: frozenset[str] | None = None
     adapters_waiting: frozenset[str] | None = None
     max_lora: int | None = None
+    engine: EngineTotals | None = None
+    """The engine's running totals, when the page has any of them."""
 
 
 def parse_metrics(text: str) -> Signals:
@@ -47,11 +64,15 @@ def parse_metrics(text: str) -> Signals:
     block_size = num_blocks = cpu_blocks = None
     seen: set[str] = set()
     lora: tuple[float, dict[str, str]] | None = None
+    totals: dict[str, float] = {}
     for family in text_string_to_metric_families(wanted):
         for sample in family.samples:
             name, value = sample.name, sample.value
             seen.add(name)
-            if name in _RUNNING:
+            if name in _TOTALS:
+                field = _TOTALS[name]
+                totals[field] = totals.get(field, 0.0) + value
+            elif name in _RUNNING:
                 running += value
             elif name in _WAITING:
                 waiting += value
@@ -75,7 +96,17 @@ def parse_metrics(text: str) -> Signals:
         adapters_running=None if lora is None else _names(lora[1], "running_lora_adapters"),
         adapters_waiting=None if lora is None else _names(lora[1], "waiting_lora_adapters"),
         max_lora=None if lora is None else _int_label(lora[1], "max_lora"),
+        engine=_engine(totals),
     )
+
+
+def _engine(totals: dict[str, float]) -> EngineTotals | None:
+    """The totals found; the older name of the inter-token latency only when the newer one is
+    missing (a release that sends both counts the same gaps twice)."""
+    tpot = totals.pop("tpot_seconds", None), totals.pop("tpots", None)
+    if "itl_seconds" not in totals and tpot[0] is not None:
+        totals["itl_seconds"], totals["itls"] = tpot[0], tpot[1] or 0.0
+    return EngineTotals(**totals) if totals else None
 
 
 def _names(labels: dict[str, str], name: str) -> frozenset[str]:

@@ -8,6 +8,25 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 
+@dataclass(frozen=True, slots=True)
+class EngineTotals:
+    """Counters an engine's ``/metrics`` page keeps from its start (vLLM's names); None where
+    the page does not say. Only their moves between two scrapes mean anything."""
+
+    prompt_tokens: float | None = None
+    """``vllm:prompt_tokens_total``: prompt tokens of the requests it ran."""
+    cached_tokens: float | None = None
+    """``vllm:prefix_cache_hits_total``: of those, the tokens found in its prefix cache."""
+    prefill_seconds: float | None = None
+    """``vllm:request_prefill_time_seconds_sum``: time its requests spent in prefill."""
+    prefills: float | None = None
+    """``vllm:request_prefill_time_seconds_count``."""
+    itl_seconds: float | None = None
+    """``vllm:inter_token_latency_seconds_sum`` (or ``time_per_output_token``)."""
+    itls: float | None = None
+    """Its ``_count``: the output tokens those gaps were measured over."""
+
+
 @dataclass(slots=True)
 class Worker:
     """One model server in a model's pool, with the load signals scraped from its ``/metrics``
@@ -37,6 +56,10 @@ class Worker:
     max_lora: int | None = None
     """Adapters it batches at once (vLLM ``--max-loras``); None: not reported."""
     in_flight: int = 0
+    engine: EngineTotals | None = None
+    """The engine's own running totals (prefill time, prompt and cached tokens, inter-token
+    latency), when its ``/metrics`` reports them: the predicted cost form learns its rates
+    from how they move between scrapes."""
     routed: int = 0
     """Requests the router started or finished on it, ever: the scrape pacer reads a worker
     soon after this moves (``pacing``)."""
@@ -103,6 +126,54 @@ class SchedulingRequest:
     """Its time-to-first-token target in seconds (flow control's header or class), if any."""
     tpot: float | None = None
     """Its per-output-token target in seconds, if any."""
+    request_id: str | None = None
+    """Names the request to the predicted cost form, which counts it in its worker's wait
+    until its first token (``Scheduler.cost``'s ``first_token`` / ``finished``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """One worker's predicted time to first token for one request, term by term, in seconds
+    (the ``predicted`` cost form): the pick minimises ``cost_s``."""
+
+    uncached_tokens: float
+    """The prompt tokens this worker would prefill (its cached prefix, lower tiers weighted,
+    taken off)."""
+    ahead_tokens: float
+    """Prefill queued ahead of it there: the uncached prompts of the requests routed there
+    still without a first token, or its waiting requests at the average uncached prompt,
+    whichever is more."""
+    decoding: int
+    """Requests decoding there while it waits and prefills."""
+    wait_s: float
+    """``ahead_tokens`` at the worker's prefill rate."""
+    prefill_s: float
+    """``uncached_tokens`` at the worker's prefill rate."""
+    steps_s: float
+    """The decode steps of the ``decoding`` requests the engine interleaves with those
+    prefill chunks."""
+    overhead_s: float
+    """What every request pays besides (the network, the engine's scheduling): the same on
+    every worker of a pool, so it never decides."""
+    interference_s: float = 0.0
+    """The decode interference it adds: each of the ``decoding`` requests there waits out its
+    prefill chunks between two of its tokens (``decoding`` x ``prefill_s``)."""
+    adapter_s: float = 0.0
+    """Its LoRA adapter's load there (and the wait for a slot), if it is not loaded."""
+    evicts_s: float = 0.0
+    """The prefill its KV would cost the sessions live there: the part of its prompt that
+    does not fit beside theirs (in host memory: a copy back) is prefilled again by someone."""
+
+    @property
+    def ttft_s(self) -> float:
+        return (self.overhead_s + self.adapter_s + self.wait_s + self.prefill_s
+                + self.steps_s)
+
+    @property
+    def cost_s(self) -> float:
+        """What the pick minimises: its own time to first token and the time it costs the
+        requests and sessions already there."""
+        return self.ttft_s + self.interference_s + self.evicts_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +193,8 @@ class ScheduleResult:
     """Plugins that raised this time (contained: a scorer counts as 0, a filter as a no-op)."""
     shed: bool = False
     """Every candidate's queue is over ``max_waiting_per_worker``: answer 429, not 503."""
+    predicted: Mapping[str, Prediction] = field(default_factory=dict)
+    """address → its predicted time to first token (the ``predicted`` cost form)."""
 
 
 class Filter(Protocol):

@@ -81,6 +81,8 @@ class WorkerRegistry:
                 worker.adapters_waiting = signals.adapters_waiting
             if signals.max_lora is not None:
                 worker.max_lora = signals.max_lora
+            if signals.engine is not None:
+                worker.engine = signals.engine
             worker.scraped_at = now
             worker.since_scrape = 0
         return True

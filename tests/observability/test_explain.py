@@ -77,6 +77,19 @@ WORKER = {"picked": "10.0.0.5:8000", "pinned": None, "fallbacks": ["10.0.0.6:800
                   "finish_reason": "stop"}},
      ["outcome  HTTP 200, ~300 tokens in, ~20 out (estimated: the engine reported none), "
       "finish stop"], []),
+    ({"worker": {**WORKER, "predicted": {
+        "10.0.0.5:8000": {"ttft_s": 0.0125, "wait_s": 0.002, "prefill_s": 0.0035,
+                          "steps_s": 0.002, "overhead_s": 0.005, "interference_s": 0.007,
+                          "adapter_s": 0.0,
+                          "evicts_s": 0.0, "cost_s": 0.0195, "uncached_tokens": 70,
+                          "ahead_tokens": 40, "decoding": 2},
+        "10.0.0.6:8000": {"ttft_s": 0.355, "wait_s": 0.0, "prefill_s": 0.35, "steps_s": 0.0,
+                          "overhead_s": 0.005, "interference_s": 0.0, "evicts_s": 0.0,
+                          "cost_s": 0.355, "uncached_tokens": 7000, "ahead_tokens": 0,
+                          "decoding": 0}}}},
+     ["worker   10.0.0.5:8000: predicted TTFT 12.5 ms (wait 2.0 for 40 tokens ahead + "
+      "prefill 3.5 of 70 uncached + 2.0 of decode steps + 5.0), +7.0 ms its prefill costs "
+      "the 2 decoding there; next 10.0.0.6:8000 355.0 ms; fallbacks 10.0.0.6:8000"], []),
     ({"outcome": {"status": 200, "latency_ms": 900.0, "first_chunk_ms": 120.5}},
      ["outcome  HTTP 200, 900.0 ms, first token at 120.5 ms"], []),
     ({"base": None, "reason": "physical_model", "decision": "direct", "previous_model": None,

@@ -32,6 +32,7 @@ from extproc.scheduling.kv_events import (
     token_block_hashes,
 )
 from extproc.service.kv_subscriber import KVEventSubscriber
+from tests.conftest import FakeClock
 
 BS = 4
 W = "10.0.0.1:8000"
@@ -182,8 +183,34 @@ def test_stored_blocks_match_by_token_content_not_engine_hash() -> None:
     assert index.matched_blocks("other", request) == 3
     assert index.matched_blocks(W, index.hash_tokens([*ids[:4], 50, 51, 52, 53])) == 1
     assert index.matched_blocks("unknown", request) == 0
-    index.routed(W, index.hash_tokens(tokens(8, 500)))  # teaches nothing
+    index.routed(W, index.hash_tokens(tokens(8, 500)))  # soon cached, not reported
     assert index.block_count(W) == 3
+
+
+def test_routed_blocks_count_as_on_the_device_until_events_or_time_say_otherwise() -> None:
+    """A prompt just routed is matched there before the worker's events come (a concurrent
+    identical prompt, a session's next turn), for ``routed_seconds`` at most; a removal
+    from the device ends it sooner, and a cleared cache at once."""
+    clock = FakeClock()
+    index = PreciseKVIndex(block_size=BS, routed_seconds=10.0, clock=clock)
+    ids = tokens(12)
+    request = index.hash_tokens(ids)
+    index.routed(W, request)
+    assert index.matched_blocks(W, request) == 3
+    assert index.matched_blocks("other", request) == 0
+    assert index.block_count(W) == 0  # only events are what it reports
+    index.apply(W, batch(stored([1, 2, 3], None, ids)))
+    index.apply(W, batch(BlockRemoved((2,), "GPU")))
+    assert index.matched_blocks(W, request) == 1  # evicted: no longer "soon cached" either
+    index.routed(W, request)
+    clock.advance(10.0)
+    assert index.matched_blocks(W, request) == 1  # lapsed: what the events say
+    index.routed(W, request)
+    index.apply(W, batch(AllBlocksCleared()))
+    assert index.matched_blocks(W, request) == 0
+    off = PreciseKVIndex(block_size=BS, routed_seconds=0.0, clock=clock)
+    off.routed(W, request)
+    assert off.matched_blocks(W, request) == 0
 
 
 def test_removed_and_cleared_blocks_stop_matching() -> None:

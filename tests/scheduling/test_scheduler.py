@@ -176,13 +176,22 @@ def test_from_config_builds_the_gie_defaults() -> None:
     assert [f.name for f in s.filters] == ["subset", "healthy", "decode_role"]
     observers = [o.name for o in s.observers]  # type: ignore[attr-defined]
     assert observers == ["active_sessions", "lora_affinity"]
-    assert s.cost is None
+    assert s.cost is None and s.predicted is not None  # the scorers break its ties
+    assert s.predicted.sessions is s.active_sessions
     no_affinity = from_config(
-        Scheduling(scorers={"queue": 1.0, "session_affinity": 0.0}),
+        Scheduling(cost_form="weighted", scorers={"queue": 1.0, "session_affinity": 0.0}),
         index=ApproximatePrefixIndex(), rng=random.Random(0),
     )
     assert [scorer.name for scorer, _ in no_affinity.scorers] == ["queue"]
-    assert no_affinity.observers == ()
+    assert no_affinity.observers == () and no_affinity.predicted is None
+    ledger = from_config(
+        Scheduling(scorers={"queue": 1.0, "active_sessions": 0.0}),
+        index=ApproximatePrefixIndex(), rng=random.Random(0),
+    )
+    assert [scorer.name for scorer, _ in ledger.scorers] == ["queue"]
+    # the live sessions' placements the prediction's ``evicts`` reads: kept, not scored
+    assert [o.name for o in ledger.observers] == ["active_sessions"]  # type: ignore[attr-defined]
+    assert ledger.session_slots == ledger.observers
 
 
 def test_weighted_defaults_prefer_the_cached_worker_then_spread_load() -> None:
@@ -202,14 +211,14 @@ def test_schedule_cost_for_a_64_kib_prompt_and_4_workers() -> None:
     for worker in workers[:2]:
         index.routed(worker.address, blocks[: 700 + 100 * int(worker.address[7])])
     req = SchedulingRequest("m", "t/s", blocks, prompt_tokens=16384)
-    s.schedule(req, workers)
+    first = s.schedule(req, workers).ordered[0]
     runs = 50
     start = time.perf_counter()
     for _ in range(runs):
         result = s.schedule(req, workers)
     micros = (time.perf_counter() - start) / runs * 1e6
     print(f"\nschedule(): 64 KiB prompt, 4 workers in {micros:.0f} us")
-    assert result.matched_blocks[workers[0].address] == 1024  # learnt from the first pick
+    assert result.matched_blocks[first] == 1024  # learnt from the first pick
     assert micros < 5000
 
 

@@ -4,6 +4,7 @@ import pytest
 
 from extproc.dev.sim.metrics import SimMetrics
 from extproc.scheduling.signals import Signals, parse_metrics
+from extproc.scheduling.types import EngineTotals
 
 SGLANG = """\
 # HELP sglang:num_running_reqs The number of running requests.
@@ -45,7 +46,8 @@ def sim_page() -> str:
 @pytest.mark.parametrize(
     ("page", "expected"),
     [
-        (sim_page(), Signals(running=3, waiting=2, kv_usage=0.25, block_size=16, num_blocks=2048)),
+        (sim_page(), Signals(running=3, waiting=2, kv_usage=0.25, block_size=16, num_blocks=2048,
+                             engine=EngineTotals(prompt_tokens=0.0, cached_tokens=0.0))),
         (SGLANG, Signals(running=5, waiting=7, kv_usage=0.42, block_size=1, num_blocks=161721)),
         (OLD_VLLM, Signals(running=3, kv_usage=0.6)),
         ("", Signals()),
@@ -56,6 +58,33 @@ def sim_page() -> str:
 )
 def test_parse_metrics(page: str, expected: Signals) -> None:
     assert parse_metrics(page) == expected
+
+
+VLLM_TOTALS = """\
+# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{engine="0",model_name="m"} 12000.0
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 9000.0
+# TYPE vllm:request_prefill_time_seconds histogram
+vllm:request_prefill_time_seconds_bucket{engine="0",le="0.3",model_name="m"} 4.0
+vllm:request_prefill_time_seconds_sum{engine="0",model_name="m"} 0.6
+vllm:request_prefill_time_seconds_count{engine="0",model_name="m"} 5.0
+vllm:inter_token_latency_seconds_sum{engine="0",model_name="m"} 2.0
+vllm:inter_token_latency_seconds_count{engine="0",model_name="m"} 100.0
+vllm:time_per_output_token_seconds_sum{engine="0",model_name="m"} 2.0
+vllm:time_per_output_token_seconds_count{engine="0",model_name="m"} 100.0
+"""
+
+
+def test_the_engines_running_totals_are_read_once_each() -> None:
+    """The prefill time and inter-token gaps the predicted cost form learns from; the older
+    name of the gaps does not count them twice, and a histogram's buckets are not read."""
+    assert parse_metrics(VLLM_TOTALS).engine == EngineTotals(
+        prompt_tokens=12000.0, cached_tokens=9000.0, prefill_seconds=0.6, prefills=5.0,
+        itl_seconds=2.0, itls=100.0)
+    older = "\n".join(line for line in VLLM_TOTALS.splitlines() if "inter_token" not in line)
+    assert parse_metrics(older).engine == EngineTotals(
+        prompt_tokens=12000.0, cached_tokens=9000.0, prefill_seconds=0.6, prefills=5.0,
+        itl_seconds=2.0, itls=100.0)
 
 
 def test_a_malformed_page_raises_value_error() -> None:

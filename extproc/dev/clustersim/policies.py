@@ -73,6 +73,13 @@ class RoundRobin:
         self._next += 1
         return Pick(workers[(self._next - 1) % len(workers)].address)
 
+    def first_token(self, request_id: str) -> None:
+        """Its first token came (nothing to learn here)."""
+
+    def finished(self, request_id: str, prompt_tokens: int, cached_tokens: int,
+                 completion_tokens: int) -> None:
+        """Its answer ended (nothing to learn here)."""
+
 
 class SchedulerPolicy:
     """Routes with a ``Scheduler``; the index is sized from the workers' reported KV as the
@@ -108,6 +115,20 @@ class SchedulerPolicy:
             split = self.disaggregator.decide(request, address, result.matched_blocks, workers)
         return Pick(address, int(result.matched_blocks.get(address, 0) * tokens),
                     None if split is None else split.prefill)
+
+    def first_token(self, request_id: str) -> None:
+        """The turn ``request_id`` got its first token (the predicted cost form's queue)."""
+        predicted = self.scheduler.predicted
+        if predicted is not None:
+            predicted.first_token(request_id)
+
+    def finished(self, request_id: str, prompt_tokens: int, cached_tokens: int,
+                 completion_tokens: int) -> None:
+        """The turn ended: the predicted cost form learns its timings, as from an answer."""
+        predicted = self.scheduler.predicted
+        if predicted is not None:
+            predicted.answered(request_id, prompt_tokens, cached_tokens, completion_tokens)
+            predicted.finished(request_id)
 
 
 def build_policy(name: str, *, scheduling: Scheduling, block_size: int, seed: int,

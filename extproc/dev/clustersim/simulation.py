@@ -77,6 +77,9 @@ class Policy(Protocol):
     def predictor(self) -> LatencyPredictor | None: ...
 
     def route(self, request: SchedulingRequest, workers: Sequence[Worker]) -> Pick: ...
+    def first_token(self, request_id: str) -> None: ...
+    def finished(self, request_id: str, prompt_tokens: int, cached_tokens: int,
+                 completion_tokens: int) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -349,7 +352,8 @@ class Simulation:
                                     ttft=ttft,
                                     pinned=run.worker if self.cluster.pin_tool_loops else None,
                                     reused=min(run.prompted // size, len(blocks)),
-                                    parent_session=run.script.parent, adapter=adapter)
+                                    parent_session=run.script.parent, adapter=adapter,
+                                    request_id=_turn_key(run))
         run.prompted = step.prompt_tokens
         pick = self.policy.route(request, views)
         address = run.worker = pick.address
@@ -424,8 +428,10 @@ class Simulation:
         for request in first:
             if request.prefill_only:
                 continue
+            turn = _turn_key(self._in_flight[request][0])
             if self.policy.flow is not None:
-                self.policy.flow.first_token(_turn_key(self._in_flight[request][0]))
+                self.policy.flow.first_token(turn)
+            self.policy.first_token(turn)
             self._learn(request)
             if request.ready_s >= self._warmup:
                 self._first_token(self._in_flight[request][0], request.ready_s)
@@ -471,6 +477,7 @@ class Simulation:
             if request.first_token_s is not None and output > 1:
                 self.metrics.itls.append((self.now - request.first_token_s) / (output - 1))
         run.computed = prompt + output
+        self.policy.finished(_turn_key(run), prompt, request.cached_tokens, output)
         if self.policy.flow is not None and run.arrival is not None:
             self.policy.flow.finished(run.arrival, address, prompt, output,
                                       request=_turn_key(run))

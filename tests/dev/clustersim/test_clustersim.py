@@ -6,6 +6,7 @@ from dataclasses import replace
 import pytest
 
 from extproc.cli import main
+from extproc.config import Scheduling
 from extproc.dev.clustersim.blocks import Stream
 from extproc.dev.clustersim.engine import CostModel, EngineWorker, SimRequest, WorkerSpec
 from extproc.dev.clustersim.runner import SCENARIOS, Experiment, run_matrix, to_json
@@ -90,9 +91,9 @@ def test_a_paused_turn_is_refused_when_admission_rejects() -> None:
 def test_admission_with_hints_keeps_an_oversubscribed_pool_cached() -> None:
     """Oversubscribed (48 sessions on 4 x 128k), with clients that wait as long as admission
     holds them (``hold_timeout_seconds`` of an hour): admission sends each resumed turn back to
-    its worker, so the hit rate stays far above KV-aware routing alone, with hints or without;
-    the engines apply most hints (demote, prefetch, release), and none go to the plain
-    policy."""
+    its worker, so the hit rate stays above KV-aware routing alone (85% predicted, 69%
+    weighted), with hints or without, and a tenth of its re-prefill at most; the engines apply
+    most hints (demote, prefetch, release), and none go to the plain policy."""
     cluster = ClusterSpec(workers=4, worker=WorkerSpec(capacity_tokens=128_000,
                                                        cpu_tokens=256_000))
     admission = replace(SMALL.scheduling.admission, hold_timeout_seconds=3600.0)
@@ -102,7 +103,7 @@ def test_admission_with_hints_keeps_an_oversubscribed_pool_cached() -> None:
     results = run_matrix(experiment)
     kv, plain = results["kv_aware"]["48"], results["kv_aware_admission"]["48"]
     hinted = results["kv_aware_admission_hints"]["48"]
-    assert min(plain.hit_rate, hinted.hit_rate) > kv.hit_rate + 0.2
+    assert min(plain.hit_rate, hinted.hit_rate) > kv.hit_rate + 0.05
     assert hinted.reprefill_tokens < 0.1 * kv.reprefill_tokens
     for kind in ("demote", "prefetch", "release"):
         assert hinted.hints[kind] > hinted.hints[f"{kind}_ignored"]
@@ -214,13 +215,22 @@ def test_a_split_turn_is_prefilled_on_the_prefill_worker_and_decoded_on_its_pick
 
 
 def test_lora_affinity_loads_fewer_adapters_than_kv_aware() -> None:
+    """Weighted, the scorer at weight 8 halves the loads; predicted (an adapter not in a slot
+    costs its load, and where every slot is taken a wait and the evicted one's reload), the
+    scorer's placements tell which adapters are in the slots between turns: fewer loads than
+    weighted KV-aware routing and no less throughput than the weighted scorer."""
+    weighted = replace(Scheduling(), cost_form="weighted")
     experiment = replace(SCENARIOS["lora"].experiment, concurrencies=(32,), horizon_s=300.0,
-                         warmup_s=60.0)
+                         warmup_s=60.0, scheduling=weighted)
     results = run_matrix(experiment)
     plain, affine = results["kv_aware"]["32"], results["lora_affinity"]["32"]
     assert plain.adapter_loads > 0
     assert affine.adapter_loads < plain.adapter_loads / 2
     assert affine.throughput >= 0.98 * plain.throughput
+    predicted = run_matrix(replace(experiment, scheduling=Scheduling(),
+                                   policies=("lora_affinity",)))["lora_affinity"]["32"]
+    assert predicted.adapter_loads < 0.7 * plain.adapter_loads
+    assert predicted.throughput >= affine.throughput
 
 
 def test_an_adapter_waits_for_a_slot_and_its_load_is_counted() -> None:
