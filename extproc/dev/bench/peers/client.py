@@ -1,7 +1,10 @@
 """The client every router is measured with: streamed Chat Completions
 (``stream_options.include_usage``), the time to the first content chunk, the usage chunk's
 tokens; sessions run as an agent runs them (each answer resent in the next turn, sub-agents
-awaited), and the tiny request of the overhead cells at concurrency 1 and 16."""
+awaited), and the tiny request of the overhead cells at concurrency 1 and 16. An answer that
+names its replay record (saar's ``x-replay-id``) is noted with the worker that served it
+(``x-saar-worker``) and the cached tokens the engine reported
+(``usage.prompt_tokens_details.cached_tokens``): what the precise index is judged against."""
 
 from __future__ import annotations
 
@@ -28,6 +31,22 @@ class Target:
     model: str
     fresh_connections: bool = False
     """A new connection per request (a server that stalls on reused keep-alive ones)."""
+    headers: tuple[tuple[str, str], ...] = ()
+    """Sent with every request (Dynamo's frontend: the worker it is pinned to)."""
+
+
+REPLAY_HEADER = "x-replay-id"
+WORKER_HEADER = "x-saar-worker"
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """An answer saar routed: its replay record, the worker that served it, and the prompt
+    tokens the engine found cached (None where the usage did not say)."""
+
+    replay_id: str
+    worker: str | None
+    cached_tokens: int | None
 
 
 @dataclass(slots=True)
@@ -37,6 +56,7 @@ class Tally:
     output_tokens: int = 0
     requests: int = 0
     errors: dict[str, int] = field(default_factory=dict)
+    observed: list[Observed] = field(default_factory=list)
 
     def error(self, kind: str) -> None:
         self.errors[kind] = self.errors.get(kind, 0) + 1
@@ -56,12 +76,16 @@ async def call(http: aiohttp.ClientSession, target: Target, payload: bytes,
     sent = time.perf_counter()
     first: float | None = None
     pieces: list[str] = []
+    cached: int | None = None
     try:
         async with http.post(f"{target.url}{CHAT_PATH}", data=payload, headers={
-                "content-type": "application/json", **headers}) as response:
+                "content-type": "application/json", **dict(target.headers),
+                **headers}) as response:
             if response.status != 200:
                 tally.error(_error_kind(response.status, await response.read()))
                 return None
+            replay_id = response.headers.get(REPLAY_HEADER)
+            worker = response.headers.get(WORKER_HEADER)
             async for line in response.content:
                 if not line.startswith(b"data:"):
                     continue
@@ -77,13 +101,24 @@ async def call(http: aiohttp.ClientSession, target: Target, payload: bytes,
                 usage = chunk.get("usage")
                 if usage:
                     tally.output_tokens += int(usage.get("completion_tokens") or 0)
+                    cached = cached_tokens(usage)
     except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as exc:
         tally.error(type(exc).__name__)
         return None
+    if replay_id:
+        tally.observed.append(Observed(replay_id, worker, cached))
     tally.latencies_s.append(time.perf_counter() - sent)
     if first is not None:
         tally.ttfts_s.append(first - sent)
     return "".join(pieces)
+
+
+def cached_tokens(usage: dict[str, object]) -> int | None:
+    """``usage.prompt_tokens_details.cached_tokens`` (vLLM with
+    ``--enable-prompt-tokens-details``, Dynamo), or None."""
+    details = usage.get("prompt_tokens_details")
+    value = details.get("cached_tokens") if isinstance(details, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _error_kind(status: int, payload: bytes) -> str:

@@ -1,7 +1,10 @@
 """The routers compared, each started in front of a pool and stopped after its turn.
 
 - ``saar``: Envoy + ``saar serve``, the pool's workers as the endpoints of one model behind the
-  logical model ``auto`` (what clients ask for), every other setting its default;
+  logical model ``auto`` (what clients ask for), every other setting its default but what the
+  pool says of its engines (``Pool.saar_model``, ``Pool.saar_config``: over real vLLM, its KV
+  events, the model's tokenizer and window, the precise index); where the precise index is
+  judged (``Pool.precise_block_size``) its replay records go to a JSONL file;
 - ``vllm-router:POLICY`` (vllm-router 0.1.17: ``cache_aware``, ``consistent_hash`` — it hashes
   ``x-session-id`` — and ``round_robin``) and ``sglang-router:cache_aware`` (sglang-router
   0.3.2), each from PyPI in its own environment (``install``), with their default settings
@@ -40,6 +43,9 @@ class Running:
     model: str
     pids: Callable[[], list[int]]
     fresh_connections: bool = False
+    replay_jsonl: Path | None = None
+    """saar's replay records, where the bench asked for them (the precise index's
+    predictions)."""
 
 
 class Router(Protocol):
@@ -66,16 +72,21 @@ LOGICAL_MODEL = "auto"
 
 
 def saar_config(pool: Pool) -> dict[str, Any]:
-    """One model, the pool's workers its endpoints, behind ``auto``; defaults elsewhere."""
-    cluster = "pool"
+    """One model, the pool's workers its endpoints (or the pool's ``workers`` entries), behind
+    ``auto``; the pool's own keys; defaults elsewhere."""
+    model: dict[str, Any] = {
+        "cluster": "pool",
+        "endpoints": [url.removeprefix("http://") for url in pool.workers],
+    }
+    model.update(pool.saar_model)
+    if "workers" in pool.saar_model:
+        model.pop("endpoints")
     return {
-        "models": {pool.model: {
-            "cluster": cluster,
-            "endpoints": [url.removeprefix("http://") for url in pool.workers],
-        }},
+        "models": {pool.model: model},
         "routing": {"logical_models": [LOGICAL_MODEL],
                     "decisions": [{"name": "default", "modelRefs": [{"model": pool.model}]}]},
         "limits": dict(UNTHROTTLED),
+        **pool.saar_config,
     }
 
 
@@ -94,6 +105,10 @@ class SaarRouter:
         grpc_port, http_port, listen, admin = free_port(), free_port(), free_port(), free_port()
         config = {**saar_config(pool), **self.overrides}
         config["server"] = {"host": "127.0.0.1", "grpc_port": grpc_port, "http_port": http_port}
+        replay = workdir / "replay.jsonl" if pool.precise_block_size else None
+        if replay is not None:
+            replay.unlink(missing_ok=True)
+            config["replay"] = {**config.get("replay", {}), "jsonl_path": str(replay)}
         path = workdir / "saar.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         envoy_yaml = workdir / "envoy.yaml"
@@ -111,7 +126,8 @@ class SaarRouter:
         try:
             processor.start()
             envoy.start()
-            yield Running(f"http://127.0.0.1:{listen}", LOGICAL_MODEL, _pids(processor, envoy))
+            yield Running(f"http://127.0.0.1:{listen}", LOGICAL_MODEL, _pids(processor, envoy),
+                          replay_jsonl=replay)
         finally:
             envoy.close()
             processor.close()

@@ -9,7 +9,10 @@ draws its own sessions (the seed and the round), so a router's memory of an earl
 never meets the same prompts again.
 
 ``--json``: the last line is ``{"runs": [{"workload", "backend", "routers": {NAME: figures |
-{"missing": REASON}}, "details": {NAME: {...}}}]}`` (``stats.FIGURES`` are the figures).
+{"missing": REASON}}, "details": {NAME: {...}}}]}`` (``stats.FIGURES`` are the figures); on a
+backend where saar's precise index is judged (real vLLM) each run adds ``"precise_index":
+{"requests": n, "within_one_block": k}`` (``precise``). A backend that cannot start makes every
+router ``{"missing": REASON}``.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ...clustersim.trace import TraceRow, read_trace
+from . import precise
 from .backends import BACKENDS, Backend, Pool
 from .client import Target, added_latency, closed_loop, run_workload
 from .install import PeerMissing
@@ -33,7 +37,7 @@ from .procstat import cpu_seconds, rss_mib
 from .routers import Router, Running, standard
 from .settings import BACKENDS as KNOWN
 from .settings import WORKLOADS, Settings
-from .stats import FIGURES, Measure, Overhead, details, figures
+from .stats import FIGURES, Measure, Overhead, PreciseCount, details, figures
 from .workloads import Shape, TraceShape, Workload, build
 
 
@@ -44,19 +48,22 @@ class Results:
     workloads: tuple[str, ...]
     measures: dict[tuple[str, str], list[Measure]] = field(default_factory=dict)
     missing: dict[str, str] = field(default_factory=dict)
+    precise: bool = False
+    """saar's precise index is judged on this backend (``precise_index`` in each run)."""
 
     def add(self, workload: str, router: str, measure: Measure) -> None:
         self.measures.setdefault((workload, router), []).append(measure)
 
 
-def shapes(settings: Settings) -> tuple[Shape, TraceShape]:
+def shapes(settings: Settings, trace_words_per_block: int = 16) -> tuple[Shape, TraceShape]:
     return (Shape(sessions=settings.sessions, turns=settings.turns),
-            TraceShape(sessions=settings.sessions, turns=max(2, settings.turns // 2)))
+            TraceShape(sessions=settings.sessions, turns=max(2, settings.turns // 2),
+                       block_size=trace_words_per_block))
 
 
 def workloads_for(settings: Settings, round_: int, pool: Pool,
                   trace_rows: Sequence[TraceRow] | None) -> dict[str, Workload]:
-    shape, trace = shapes(settings)
+    shape, trace = shapes(settings, pool.trace_words_per_block)
     return {name: build(name, shape=shape, trace=trace, seed=f"{settings.seed}r{round_}",
                         kv_tokens=pool.kv_tokens, oversubscription=settings.oversubscription,
                         trace_rows=trace_rows)
@@ -76,7 +83,8 @@ def _log(message: str) -> None:
 
 def measure_overhead(running: Running, pool: Pool, settings: Settings) -> Overhead:
     target = Target(running.url, running.model, running.fresh_connections)
-    direct = Target(pool.workers[0], pool.model)
+    alone = pool.direct_target()
+    direct = Target(alone.url, pool.model, alone.fresh_connections, alone.headers)
     added_ms, failed = asyncio.run(added_latency(target, direct, settings.c1_pairs))
     pids = running.pids()
     before = cpu_seconds(pids)
@@ -103,6 +111,10 @@ def measure_workload(workload: Workload, running: Running, pool: Pool,
         old_hits, old_queries = before.get(url, (0.0, 0.0))
         measure.hit_tokens += hits - old_hits
         measure.query_tokens += queries - old_queries
+    if running.replay_jsonl is not None and pool.precise_block_size:
+        records = precise.records_for(running.replay_jsonl,
+                                      (seen.replay_id for seen in tally.observed))
+        measure.precise = precise.count(tally.observed, records, pool.precise_block_size)
     return measure
 
 
@@ -119,13 +131,21 @@ def run(settings: Settings, backend: Backend, routers: Sequence[Router], workdir
         else:
             live.append(router)
     failures: dict[str, str] = {}
-    with backend.pool(workdir / "pool") as pool:
+    with contextlib.ExitStack() as stack:
+        try:
+            pool = stack.enter_context(backend.pool(workdir / "pool"))
+        except RuntimeError as exc:  # not installed, or it did not start
+            _log(f"backend {backend.name}: {exc}")
+            for router in live:
+                results.missing[router.name] = f"backend {backend.name} did not start: {exc}"
+            return results
+        results.precise = pool.precise_block_size is not None
         for round_ in range(settings.rounds):
             workloads = workloads_for(settings, round_, pool, trace_rows)
             for router in rotated(live, round_):
-                pool.reset()
                 home = workdir / f"round{round_}-{router.name.replace(':', '-')}"
                 try:
+                    pool.reset()
                     with router.start(pool, home) as running:
                         overhead = measure_overhead(running, pool, settings)
                         for name, workload in workloads.items():
@@ -133,7 +153,7 @@ def run(settings: Settings, backend: Backend, routers: Sequence[Router], workdir
                             measure.overhead = overhead
                             results.add(name, router.name, measure)
                             _log(_progress(round_, router.name, name, workload, measure))
-                except RuntimeError as exc:  # it did not start, or died
+                except RuntimeError as exc:  # it (or the pool) did not start, or died
                     failures[router.name] = f"failed in round {round_ + 1}: {exc}"
                     _log(f"{router.name}: {failures[router.name]} (logs: {home})")
     for name, reason in failures.items():
@@ -145,8 +165,10 @@ def run(settings: Settings, backend: Backend, routers: Sequence[Router], workdir
 def _progress(round_: int, router: str, name: str, workload: Workload, m: Measure) -> str:
     hit = f"{m.hit_tokens / m.query_tokens:.1%}" if m.query_tokens else "-"
     errors = ", ".join(f"{n} {kind}" for kind, n in m.errors.items()) or "no errors"
+    index = (f", precise index {m.precise.within_one_block}/{m.precise.requests} within a block"
+             if m.precise is not None else "")
     return (f"round {round_ + 1} {router} {name}: {m.requests} requests "
-            f"({len(workload.sessions)} sessions), {errors}, hit {hit}, {m.wall_s:.1f} s")
+            f"({len(workload.sessions)} sessions), {errors}, hit {hit}, {m.wall_s:.1f} s{index}")
 
 
 def report(results: Results) -> dict[str, Any]:
@@ -161,8 +183,13 @@ def report(results: Results) -> dict[str, Any]:
                 continue
             entries[router] = figures(measures)
             extra[router] = details(measures)
-        runs.append({"workload": workload, "backend": results.backend, "routers": entries,
-                     "details": extra})
+        run_: dict[str, Any] = {"workload": workload, "backend": results.backend,
+                                "routers": entries, "details": extra}
+        if results.precise:
+            counts = [m.precise for m in results.measures.get((workload, "saar"), ())
+                      if m.precise is not None]
+            run_["precise_index"] = sum(counts, PreciseCount()).figure()
+        runs.append(run_)
     return {"runs": runs}
 
 
@@ -198,6 +225,12 @@ def table(doc: Mapping[str, Any]) -> str:
             else:
                 lines.append("  ".join(v.ljust(w) if i == 0 else v.rjust(w)
                                        for i, (v, w) in enumerate(zip(row, widths, strict=True))))
+        index = run_.get("precise_index")
+        if index is not None:
+            n, k = index["requests"], index["within_one_block"]
+            share = f" ({k / n:.1%})" if n else ""
+            lines.append(f"saar's precise index: {k} of {n} requests within one block of the "
+                         f"engine's cached tokens{share}")
     return "\n".join(lines)
 
 

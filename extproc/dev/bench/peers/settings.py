@@ -9,6 +9,10 @@ WORKLOADS = ("agents", "agents_no_session", "shared_prefix", "oversubscribed")
 ROUTERS = ("saar", "vllm-router:cache_aware", "vllm-router:consistent_hash",
            "vllm-router:round_robin", "sglang-router:cache_aware")
 """The standard set, in the report's order."""
+DYNAMO_ROUTERS = ("saar", "dynamo:kv", "dynamo:kv_affinity")
+"""What runs over Dynamo's mockers when the standard set is asked for: saar (choosing the
+worker through Dynamo's frontend) and Dynamo's own KV router, without and with its session
+affinity."""
 BACKENDS = ("sim", "vllm", "dynamo")
 
 

@@ -42,6 +42,23 @@ class Overhead:
     errors: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class PreciseCount:
+    """saar's precise index against the engine (``precise``): requests compared, and those
+    whose predicted cached tokens were within one block of what the engine reported."""
+
+    requests: int = 0
+    within_one_block: int = 0
+
+    def __add__(self, other: PreciseCount) -> PreciseCount:
+        return PreciseCount(self.requests + other.requests,
+                            self.within_one_block + other.within_one_block)
+
+    def figure(self) -> dict[str, int]:
+        """The ``precise_index`` entry of ``--json``."""
+        return {"requests": self.requests, "within_one_block": self.within_one_block}
+
+
 @dataclass(slots=True)
 class Measure:
     """One router on one workload in one round."""
@@ -59,6 +76,9 @@ class Measure:
     rss_mib: float = 0.0
     """The router's processes' peak RSS, summed, by the end of the workload."""
     overhead: Overhead | None = None
+    precise: PreciseCount | None = None
+    """saar's precise index on this workload (a backend whose engines report cached tokens
+    and publish KV events: real vLLM)."""
 
     @property
     def throughput_tok_s(self) -> float:

@@ -5,10 +5,21 @@ from __future__ import annotations
 
 import asyncio
 
+import aiohttp
 from aiohttp import web
 
 from extproc.dev.bench.peers.backends import kv_tokens, prefix_counters
-from extproc.dev.bench.peers.client import Target, added_latency, closed_loop, run_workload
+from extproc.dev.bench.peers.client import (
+    Observed,
+    Tally,
+    Target,
+    added_latency,
+    cached_tokens,
+    call,
+    closed_loop,
+    run_workload,
+    tiny,
+)
 from extproc.dev.bench.peers.workloads import Shape, TraceShape, build
 from extproc.dev.sim.server import SIMULATOR, SimConfig, build_app
 
@@ -62,3 +73,48 @@ async def test_a_workload_runs_as_an_agent_would():
     finally:
         await runner.cleanup()
         await asyncio.sleep(0)
+
+
+def test_cached_tokens_are_read_from_the_usage_details():
+    assert cached_tokens({"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": 8}}) == 8
+    assert cached_tokens({"prompt_tokens": 10, "prompt_tokens_details": None}) is None
+    assert cached_tokens({"prompt_tokens": 10}) is None
+
+
+async def test_an_answer_saar_routed_is_noted_with_its_worker_and_cached_tokens():
+    """The replay id and worker from saar's response headers, the cached tokens from the
+    stream's usage chunk; an answer without a replay id is not noted; the target's own
+    headers go with every request."""
+    seen: list[str | None] = []
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        seen.append(request.headers.get("x-pin"))
+        headers = {"content-type": "text/event-stream"}
+        if request.headers.get("x-session-id") != "plain":
+            headers.update({"x-replay-id": "r-1", "x-saar-worker": "127.0.0.1:8001"})
+        response = web.StreamResponse(headers=headers)
+        await response.prepare(request)
+        await response.write(b'data: {"choices": [{"delta": {"content": "hi"}}]}\n\n')
+        await response.write(b'data: {"choices": [], "usage": {"prompt_tokens": 300, '
+                             b'"completion_tokens": 1, "prompt_tokens_details": '
+                             b'{"cached_tokens": 256}}}\n\n')
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    target = Target(f"http://127.0.0.1:{port}", "auto", headers=(("x-pin", "7"),))
+    try:
+        tally = Tally()
+        async with aiohttp.ClientSession() as http:
+            assert await call(http, target, tiny(target), {"x-session-id": "s"}, tally) == "hi"
+            assert await call(http, target, tiny(target), {"x-session-id": "plain"}, tally)
+        assert tally.observed == [Observed("r-1", "127.0.0.1:8001", 256)]
+        assert tally.output_tokens == 2 and seen == ["7", "7"]
+    finally:
+        await runner.cleanup()

@@ -12,7 +12,7 @@ from extproc.dev.bench.peers.backends import Pool
 from extproc.dev.bench.peers.install import PeerMissing
 from extproc.dev.bench.peers.run import Results, report, rotated, run, table
 from extproc.dev.bench.peers.settings import WORKLOADS, Settings
-from extproc.dev.bench.peers.stats import FIGURES, Measure, Overhead
+from extproc.dev.bench.peers.stats import FIGURES, Measure, Overhead, PreciseCount
 
 
 def measured(round_: int = 0) -> Measure:
@@ -77,3 +77,57 @@ def test_a_peer_that_cannot_be_installed_is_reported_missing(tmp_path):
     for run_ in doc["runs"]:
         assert run_["routers"] == {"sglang-router:cache_aware": {
             "missing": "pip install sglang-router==0.3.2 failed: no network"}}
+
+
+def test_a_real_vllm_run_adds_the_precise_index_of_saar_over_its_rounds():
+    results = Results("vllm", ("saar", "vllm-router:round_robin"), ("agents", "oversubscribed"),
+                      precise=True)
+    for round_, counts in enumerate([PreciseCount(10, 10), PreciseCount(8, 7)]):
+        measure = measured(round_)
+        measure.precise = counts
+        results.add("agents", "saar", measure)
+        results.add("agents", "vllm-router:round_robin", measured(round_))
+    doc = json.loads(json.dumps(report(results)))
+    agents, oversubscribed = doc["runs"]
+    assert list(agents) == ["workload", "backend", "routers", "details", "precise_index"]
+    assert agents["precise_index"] == {"requests": 18, "within_one_block": 17}
+    assert oversubscribed["precise_index"] == {"requests": 0, "within_one_block": 0}
+    assert list(agents["routers"]["saar"]) == list(FIGURES)
+    assert "17 of 18 requests within one block" in table(doc)
+
+
+def test_other_backends_have_no_precise_index():
+    results = Results("sim", ("saar",), ("agents",))
+    results.add("agents", "saar", measured())
+    assert "precise_index" not in report(results)["runs"][0]
+
+
+@dataclass(frozen=True)
+class Broken:
+    name: str = "vllm"
+
+    @contextlib.contextmanager
+    def pool(self, workdir: Path) -> Iterator[Pool]:
+        raise RuntimeError("vllm on port 1 exited 1: no memory")
+        yield  # pragma: no cover
+
+
+@dataclass(frozen=True)
+class Installable:
+    name: str = "saar"
+
+    def prepare(self) -> None:
+        pass
+
+    def start(self, pool: Pool, workdir: Path):  # pragma: no cover - never started
+        raise AssertionError("no pool, no start")
+
+
+def test_a_backend_that_cannot_start_makes_every_router_missing(tmp_path):
+    doc = report(run(Settings(rounds=1), Broken(), [Installable(), Uninstallable()], tmp_path))
+    for run_ in doc["runs"]:
+        assert run_["routers"] == {
+            "saar": {"missing": "backend vllm did not start: vllm on port 1 exited 1: "
+                                "no memory"},
+            "sglang-router:cache_aware": {
+                "missing": "pip install sglang-router==0.3.2 failed: no network"}}
