@@ -257,7 +257,6 @@ def test_a_bad_preamble_pattern_names_its_key(example_data):
         parse_config(data, source="saar.yaml")
 
 
-
 def test_the_drain_defaults_and_the_deprecated_drain_seconds(example_data):
     """``server.drain_seconds`` (the old single number) keeps loading as the drain's notice;
     given beside ``drain.notice_seconds`` it is refused, not silently picked."""

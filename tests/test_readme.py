@@ -75,6 +75,7 @@ FOREIGN_FLAGS = {
     "pip": {"--force-reinstall", "--no-deps"},
     "docker": {"--build-arg"},
     "helm": {"--timeout"},
+    "Dynamo's frontend": {"--router-mode", "--router-session-affinity-ttl-secs"},
     "the agent CLIs": {"--allowedTools", "--approval-mode", "--auth-type", "--continue",
                        "--dangerously-bypass-approvals-and-sandbox",
                        "--dangerously-skip-permissions", "--format", "--last", "--output-format",
