@@ -19,11 +19,15 @@ replies; every stream kind drives this one machine:
 * the **observe stream** (``observability_mode``) of a streamed answer: the turn comes in the
   ``saar`` metadata; ids are claimed the moment they pass, the terminal event finishes the turn.
 
-Nothing on the answer path waits for the store: every write lands in this process's state at
-once, and the shared store's copy follows (``Apply(wait=False)``). A request that could race
-that write — the newest id it continues has no known issuer, and a write that may name one is
-still on its way (another replica's, or a streamed answer's claim not yet handled here) — is
-held (``settle``) until the issuer appears or the bound passes: only it waits, and only then.
+Every write lands in this process's state at once; the shared store's copy follows
+(``Apply(wait=False)``), except where an answer passes through this stream carrying an id that
+binds its next request (a tool call, a response id, provider state): that chunk goes on only
+once the shared store has the id's owner (``Apply(wait=True)``, bounded by the store's
+timeout), so no replica can be asked for the continuation before it can know the issuer. A
+request that could still race such a write — the newest id it continues has no known issuer,
+and a write that may name one is on its way (an observe stream's claim, which Envoy does not
+wait for) — is held (``settle``) until the issuer appears or the bound passes: only it waits,
+and only then.
 Holds are woken by what they wait for: admission resuming the session, the locked model's
 cool-down ending, a large-body slot freed, a claim landing; never polled.
 """
@@ -55,7 +59,7 @@ from ..types import Api, ResponseSummary
 from .bodies import LargeBodies
 from .journal import Held
 from .paths import classify, error_style
-from .router import Issuer, Queued, Request, Routed, Router, issued
+from .router import Issuer, Queued, Request, Routed, Router, binding, issued
 
 SERVED_APIS = "POST /v1/chat/completions, /v1/responses, /v1/messages and /v1/completions"
 SETTLE_FIRST_SECONDS = 0.002
@@ -843,20 +847,21 @@ class Exchange:
         if answer is None or answer.observer is None or answer.finished:
             return [self._pass_answer(event, duplex)]
         observer = answer.observer
-        writes: list[Write] = []
+        commands: list[Command] = []
         if not observer.streaming:
             observer.feed(event.chunk, end=event.end)
             if event.end:
-                writes = [*answer.held, *self._router.finished(answer.turn, observer.summary)]
+                summary = observer.summary
+                writes = [*answer.held, *self._router.finished(answer.turn, summary)]
+                commands.append(Apply(tuple(writes), wait=bool(binding(summary))))
                 answer.held = []
                 answer.finished = True
                 # Told now, before Envoy passes the body on: a client that looks its answer up
                 # by x-replay-id at once finds what it carried (the stream's end comes later).
-                self._router.observed(answer.turn, observer.summary)
+                self._router.observed(answer.turn, summary)
                 answer.told = True
         else:
-            writes = self._read_sse(answer, event)
-        commands: list[Command] = [Apply(tuple(writes))] if writes else []
+            commands = self._read_sse(answer, event, passing=True)
         return [*commands, self._pass_answer(event, duplex)]
 
     @staticmethod
@@ -864,9 +869,10 @@ class Exchange:
         return Chunk(Phase.RESPONSE_BODY, event.chunk, event.end) if duplex else Continue(
             Phase.RESPONSE_BODY)
 
-    def _read_sse(self, answer: _Answer, event: ResponseBody) -> list[Write]:
+    def _read_sse(self, answer: _Answer, event: ResponseBody, *, passing: bool) -> list[Command]:
         """An SSE chunk: ids claimed the moment they pass (the client may answer a tool call
-        at once); the terminal event finishes the turn."""
+        at once); the terminal event finishes the turn. ``passing``: the chunk goes on to the
+        client only after this stream's reply, so a claim of a binding id is awaited."""
         observer = answer.observer
         assert observer is not None
         if answer.sse is None and event.chunk.strip():
@@ -875,21 +881,25 @@ class Exchange:
         writes: list[Write] = []
         if not answer.sse:
             answer.finished = observer.done
-            return writes
+            return []
         if not answer.begun:
             answer.begun = True
             self._router.first_token(answer.turn)
-        fresh = [i for i in issued(observer.summary) if i not in answer.claimed]
+        summary = observer.summary
+        fresh = [i for i in issued(summary) if i not in answer.claimed]
         claim = self._router.claim(answer.turn, fresh)
         if claim is not None:
             answer.claimed += fresh
             writes.append(claim)
         if observer.done:
             answer.finished = True
-            writes += self._router.finished(answer.turn, observer.summary, answer.claimed)
-            self._router.observed(answer.turn, observer.summary)
+            writes += self._router.finished(answer.turn, summary, answer.claimed)
+            self._router.observed(answer.turn, summary)
             answer.told = True
-        return writes
+        if not writes:
+            return []
+        binds = not set(binding(summary)).isdisjoint(fresh)
+        return [Apply(tuple(writes), wait=passing and binds)]
 
     # -- the observe stream ----------------------------------------------------------------
 
@@ -907,8 +917,7 @@ class Exchange:
         assert answer is not None
         if answer.finished:
             return []
-        writes = self._read_sse(answer, event)
-        commands: list[Command] = [Apply(tuple(writes))] if writes else []
+        commands = self._read_sse(answer, event, passing=False)
         if answer.finished:
             self.stage = Stage.DONE
             commands.append(Done())

@@ -754,14 +754,19 @@ def reported(turn: Turn, response: ResponseSummary) -> ResponseSummary:
 def issued(response: ResponseSummary) -> list[str]:
     """The ids an answer made its model own: tool calls, provider state, the response, the
     mark of its text and of its tool calls' task texts."""
-    ids = [*response.tool_call_ids, *response.provider_state]
-    if response.response_id:
-        ids.append(response.response_id)
+    ids = list(binding(response))
     if mark := answer_mark(response.text):
         ids.append(mark)
     tasks = (task_mark(a) for a in response.arguments.values() if a is not None)
     ids += dict.fromkeys(mark for mark in tasks if mark is not None)
     return ids
+
+
+def binding(response: ResponseSummary) -> tuple[str, ...]:
+    """The ids an answer issued that bind the request continuing them to its issuer (tool
+    calls, provider state, the response): unlike its marks, which only suggest a session."""
+    response_id = (response.response_id,) if response.response_id else ()
+    return (*response.tool_call_ids, *response.provider_state, *response_id)
 
 
 def _spawner(request: Request, facts: Facts) -> str | None:

@@ -141,7 +141,8 @@ def note(command: ex.Command) -> str:
     if isinstance(command, ex.Refuse):
         return f"refuse {command.error.status} {command.error.code}"
     if isinstance(command, ex.Apply):
-        return "apply " + ",".join(type(w).__name__.lower() for w in command.writes)
+        writes = ",".join(type(w).__name__.lower() for w in command.writes)
+        return f"apply {writes} awaited" if command.wait else f"apply {writes}"
     if isinstance(command, ex.Hold):
         return f"hold {command.kind}"
     if isinstance(command, ex.Wake):
@@ -163,11 +164,13 @@ ROUTED = ["parse", "load", "route qwen3-32b"]
 # -- the routing stream (buffered), the three APIs -------------------------------------------
 
 BUFFERED = {
-    "chat, a JSON answer with a tool call: read, committed with its ids": (CHAT, chat(), [
+    "chat, a JSON answer with a tool call: read, its ids in the store before it passes": (
+        CHAT, chat(), [
         (RequestHeaders(CHAT), ["continue request_headers"]),
         (RequestBody(chat()), ROUTED),
         (ResponseHeaders(200), ["continue response_headers read"]),
-        (ResponseBody(CHAT_CALL), ["apply commit,finish,claim", "continue response_body"]),
+        (ResponseBody(CHAT_CALL), ["apply commit,finish,claim awaited",
+                                   "continue response_body"]),
         (Closed(), []),
     ]),
     "chat without tools: committed at the status, the answer read for its usage": (
@@ -189,14 +192,16 @@ BUFFERED = {
         (RequestHeaders(RESPONSES), ["continue request_headers"]),
         (RequestBody(responses()), ROUTED),
         (ResponseHeaders(200), ["continue response_headers read"]),
-        (ResponseBody(RESPONSE), ["apply commit,finish,claim", "continue response_body"]),
+        (ResponseBody(RESPONSE), ["apply commit,finish,claim awaited",
+                                  "continue response_body"]),
         (Closed(), []),
     ]),
     "messages, a tool use": (MESSAGES, messages(), [
         (RequestHeaders(MESSAGES), ["continue request_headers"]),
         (RequestBody(messages()), ROUTED),
         (ResponseHeaders(200), ["continue response_headers read"]),
-        (ResponseBody(TOOL_USE), ["apply commit,finish,claim", "continue response_body"]),
+        (ResponseBody(TOOL_USE), ["apply commit,finish,claim awaited",
+                                  "continue response_body"]),
         (Closed(), []),
     ]),
     "a failed upstream: nothing committed, nothing read": (CHAT, chat(), [
@@ -293,7 +298,8 @@ def test_a_lock_holds_on_the_next_turn(loop, case):
     loop.play([(RequestHeaders(headers), ["continue request_headers"]),
                (RequestBody(first), ROUTED), (ResponseHeaders(200), [
                    "continue response_headers read"]),
-               (ResponseBody(answer), ["apply commit,finish,claim", "continue response_body"]),
+               (ResponseBody(answer), ["apply commit,finish,claim awaited",
+                                       "continue response_body"]),
                (Closed(), [])])
     follow = loop.new()
     loop(RequestHeaders(headers))
@@ -312,7 +318,8 @@ def test_a_locked_request_whose_model_is_out_waits_then_is_refused_with_its_reco
     loop.play([(RequestHeaders(CHAT), ["continue request_headers"]),
                (RequestBody(chat()), ROUTED),
                (ResponseHeaders(200), ["continue response_headers read"]),
-               (ResponseBody(CHAT_CALL), ["apply commit,finish,claim", "continue response_body"]),
+               (ResponseBody(CHAT_CALL), ["apply commit,finish,claim awaited",
+                                          "continue response_body"]),
                (Closed(), [])])
     loop.parts.health.record("qwen3-32b", 503)
     loop.new()
@@ -474,7 +481,8 @@ def test_full_duplex_answers_the_headers_once_routed_and_passes_the_answer_back(
         (RequestBody(chat()[10:]), ["parse", "load", "route duplex qwen3-32b"]),
         (ResponseHeaders(200), ["continue response_headers"]),
         (ResponseBody(CHAT_CALL[:10], end=False), ["chunk response_body"]),
-        (ResponseBody(CHAT_CALL[10:]), ["apply commit,finish,claim", "chunk response_body end"]),
+        (ResponseBody(CHAT_CALL[10:]), ["apply commit,finish,claim awaited",
+                                        "chunk response_body end"]),
         (Closed(), []),
     ])
 
@@ -497,13 +505,16 @@ def test_full_duplex_trailers_end_the_body(loop):
     ])
 
 
-def test_full_duplex_claims_each_streamed_id_before_its_chunk(loop):
+def test_full_duplex_claims_each_streamed_id_in_the_store_before_its_chunk_passes(loop):
+    """The chunk that carries a tool call's id reaches the client only after the shared
+    store has its owner: the continuation, whichever replica gets it, finds the issuer."""
     loop.play([
         (RequestHeaders(CHAT, duplex=True, duplex_response=True), []),
         (RequestBody(chat(stream=True)), ["parse", "load", "route duplex qwen3-32b"]),
         (ResponseHeaders(200, streamed=True), ["apply commit", "continue response_headers"]),
         (ResponseBody(SSE_CALL[:40], end=False), ["chunk response_body"]),
-        (ResponseBody(SSE_CALL[40:], end=False), ["apply claim,finish", "chunk response_body"]),
+        (ResponseBody(SSE_CALL[40:], end=False), ["apply claim,finish awaited",
+                                                  "chunk response_body"]),
         (ResponseBody(b""), ["chunk response_body end"]),
     ])
 
