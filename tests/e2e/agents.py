@@ -169,22 +169,24 @@ class MessagesAgent(Agent):
         self.messages: list[dict[str, Any]] = []
 
     def turn(self) -> Served:
+        """A turn that failed changes nothing: the same turn may be played again."""
         continues = self.pending[0] if self.pending else None
         if self.pending:
-            self.messages.append({"role": "user", "content": [
+            asked: dict[str, Any] = {"role": "user", "content": [
                 {"type": "tool_result", "tool_use_id": c, "content": "3 passed"}
-                for c in self.pending]})
+                for c in self.pending]}
         else:
-            self.messages.append({"role": "user", "content": self.task})
+            asked = {"role": "user", "content": self.task}
         raw = self.client.messages.with_raw_response.create(
-            model=self.model, messages=self.messages, tools=self.tools or [MESSAGES_TOOL],
-            stream=self.stream, **{"max_tokens": 64, **self.options})
+            model=self.model, messages=[*self.messages, asked],
+            tools=self.tools or [MESSAGES_TOOL], stream=self.stream,
+            **{"max_tokens": 64, **self.options})
         served = self._served(raw.headers, continues)
         blocks = self._read(raw.parse())
         self.pending = [b["id"] for b in blocks if b["type"] == "tool_use"]
         for call in self.pending:
             self.issuers[call] = served
-        self.messages.append({"role": "assistant", "content": blocks})
+        self.messages += [asked, {"role": "assistant", "content": blocks}]
         return served
 
     def _read(self, parsed: Any) -> list[dict[str, Any]]:

@@ -20,6 +20,7 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
+import anthropic
 import httpx
 import pytest
 from openai import OpenAI
@@ -107,8 +108,23 @@ def sessions(stack: Stack) -> list[Agent]:
     agents = _agents(stack)
     for _ in range(4):
         for agent in agents:
-            agent.turn()
+            _turn(agent)
     return agents
+
+
+def _turn(agent: Agent, tries: int = 4) -> None:
+    """One turn, played again where vLLM failed on its own answer: the random-weight model
+    sometimes emits a tool call whose arguments are JSON but no object (``true``, ``"+"``;
+    vLLM 0.32 on CPU does not constrain them, whatever the tool choice), and vLLM's Messages
+    API then fails building its answer (a 400 naming ``AnthropicContentBlock``). Sampled
+    again, the answer differs; anything else fails the test."""
+    for attempt in range(tries):
+        try:
+            agent.turn()
+            return
+        except anthropic.BadRequestError as exc:
+            if "AnthropicContentBlock" not in str(exc) or attempt == tries - 1:
+                raise
 
 
 def test_every_tool_result_and_response_id_reaches_its_issuer(sessions: list[Agent]) -> None:
