@@ -1,15 +1,17 @@
 """Load signals read from a model server's Prometheus ``/metrics`` page (vLLM or SGLang).
 
-A server's page is mostly histograms the scheduler never reads, so lines are pre-filtered by
-name with plain string tests before prometheus_client's parser sees them: a scrape every 50 ms
-per worker must cost microseconds, not the milliseconds a full parse of a vLLM page takes.
+A server's page is mostly histograms the scheduler never reads: lines are picked by name with
+plain string tests, and only the few picked are parsed, here (a sample line of the text
+format: name, optional labels, value). prometheus_client's parser took 350 µs of a 6 KB page
+whose 15 lines it was given, most of an idle processor's CPU at four workers a second;
+this takes a tenth of that.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
 from dataclasses import dataclass
-
-from prometheus_client.parser import text_string_to_metric_families
 
 from .types import EngineTotals
 
@@ -58,34 +60,31 @@ class Signals:
 def parse_metrics(text: str) -> Signals:
     """The load signals in a Prometheus text page; counts sum over series (one per model
     served), KV usage takes the fullest. Raises ``ValueError`` on a malformed page."""
-    wanted = "\n".join(line for line in text.splitlines() if line.startswith(_NAMES))
     running = waiting = 0.0
     kv_usage: float | None = None
     block_size = num_blocks = cpu_blocks = None
     seen: set[str] = set()
     lora: tuple[float, dict[str, str]] | None = None
     totals: dict[str, float] = {}
-    for family in text_string_to_metric_families(wanted):
-        for sample in family.samples:
-            name, value = sample.name, sample.value
-            seen.add(name)
-            if name in _TOTALS:
-                field = _TOTALS[name]
-                totals[field] = totals.get(field, 0.0) + value
-            elif name in _RUNNING:
-                running += value
-            elif name in _WAITING:
-                waiting += value
-            elif name in _KV_USAGE:
-                kv_usage = max(value, kv_usage or 0.0)
-            elif name == _VLLM_CACHE_CONFIG:
-                block_size = _int_label(sample.labels, "block_size")
-                num_blocks = _int_label(sample.labels, "num_gpu_blocks")
-                cpu_blocks = _int_label(sample.labels, "num_cpu_blocks")
-            elif name == _SGLANG_CAPACITY:
-                block_size, num_blocks = 1, int(value)
-            elif name == _LORA and (lora is None or value >= lora[0]):
-                lora = (value, sample.labels)
+    for name, labels, value in _samples(text):
+        seen.add(name)
+        if name in _TOTALS:
+            field = _TOTALS[name]
+            totals[field] = totals.get(field, 0.0) + value
+        elif name in _RUNNING:
+            running += value
+        elif name in _WAITING:
+            waiting += value
+        elif name in _KV_USAGE:
+            kv_usage = max(value, kv_usage or 0.0)
+        elif name == _VLLM_CACHE_CONFIG:
+            block_size = _int_label(labels, "block_size")
+            num_blocks = _int_label(labels, "num_gpu_blocks")
+            cpu_blocks = _int_label(labels, "num_cpu_blocks")
+        elif name == _SGLANG_CAPACITY:
+            block_size, num_blocks = 1, int(value)
+        elif name == _LORA and (lora is None or value >= lora[0]):
+            lora = (value, labels)
     return Signals(
         running=int(running) if seen.intersection(_RUNNING) else None,
         waiting=int(waiting) if seen.intersection(_WAITING) else None,
@@ -98,6 +97,46 @@ def parse_metrics(text: str) -> Signals:
         max_lora=None if lora is None else _int_label(lora[1], "max_lora"),
         engine=_engine(totals),
     )
+
+
+_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)')
+_ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+
+
+def _samples(text: str) -> Iterator[tuple[str, dict[str, str], float]]:
+    """(name, labels, value) of each sample line whose name is one read here. Raises
+    ``ValueError`` on a malformed one."""
+    for line in text.splitlines():
+        if not line.startswith(_NAMES):
+            continue
+        brace = line.find("{")
+        if brace < 0:
+            name, _, rest = line.partition(" ")
+            labels: dict[str, str] = {}
+        else:
+            end = line.rfind("}")
+            if end < brace:
+                raise ValueError(f"unclosed labels: {line[:200]!r}")
+            name, labels, rest = line[:brace], _labels(line[brace + 1:end]), line[end + 1:]
+        value = rest.split()
+        if not value:
+            raise ValueError(f"no value: {line[:200]!r}")
+        yield name.strip(), labels, float(value[0])
+
+
+def _labels(text: str) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    at = 0
+    while at < len(text) and not text[at:].isspace():
+        match = _LABEL.match(text, at)
+        if match is None:
+            raise ValueError(f"malformed labels: {text[:200]!r}")
+        value = match[2]
+        if "\\" in value:
+            value = re.sub(r"\\[\\\"n]", lambda m: _ESCAPES[m[0]], value)
+        labels[match[1]] = value
+        at = match.end()
+    return labels
 
 
 def _engine(totals: dict[str, float]) -> EngineTotals | None:

@@ -24,6 +24,7 @@ from ..scheduling.placement import Pools
 from ..scheduling.prefix_index import ApproximatePrefixIndex
 from ..types import Clock
 from .kv_subscriber import KVEventListener, KVEventSubscriber, SharedPoolSubscriber, ZmqFeed
+from .pages import PageError, PageReader
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,9 @@ class Background:
         self._tasks: list[asyncio.Task[None]] = []
         self._subscribers: dict[str, ZmqFeed] = {}
         self._session: aiohttp.ClientSession | None = None
+        """For the KV hints (``_deliver_hints``)."""
+        self._pages = PageReader(timeout=1.0)
+        """For the workers' ``/metrics`` pages."""
         self._mtime: float | None = None
         self._hints = metrics.kv_hints
         self._hints_dropped = 0
@@ -64,6 +68,7 @@ class Background:
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=max(0.5, scheduling.staleness_seconds))
         )
+        self._pages = PageReader(timeout=max(0.5, scheduling.staleness_seconds))
         routed = asyncio.Event()
         self._pools.registry.on_started(routed.set)
         self._tasks.append(asyncio.create_task(self._paced_scrapes(routed),
@@ -96,6 +101,7 @@ class Background:
             await subscriber.stop()
         if self._session is not None:
             await self._session.close()
+            await self._pages.close()
 
     def _spawn(self, name: str, step: Callable[[], Awaitable[None]], every: float) -> None:
         async def loop() -> None:
@@ -164,12 +170,10 @@ class Background:
                 gauge.labels(model, klass).set(depth.get((model, klass), 0))
 
     async def _scrape_one(self, address: str, url: str) -> None:
-        assert self._session is not None
         pools, metrics = self._pools, self._metrics
         try:
-            async with self._session.get(url) as response:
-                text = await response.text()
-        except (TimeoutError, aiohttp.ClientError):
+            text = await self._pages.get(url)
+        except (TimeoutError, OSError, PageError):
             # An unreachable server is left out of the pick (Envoy's fallback still covers it).
             metrics.scrape_failures.labels(address).inc()
             pools.registry.set_healthy(address, False)
