@@ -2,9 +2,8 @@
 
 A server's page is mostly histograms the scheduler never reads: lines are picked by name with
 plain string tests, and only the few picked are parsed, here (a sample line of the text
-format: name, optional labels, value). prometheus_client's parser took 350 µs of a 6 KB page
-whose 15 lines it was given, most of an idle processor's CPU at four workers a second;
-this takes a tenth of that.
+format: name, optional labels, value). With prometheus_client's parser a 6 KB page took
+350 µs though only its 6 picked lines were given to it; this takes about 100 µs.
 """
 
 from __future__ import annotations
