@@ -23,11 +23,13 @@ Every write lands in this process's state at once; the shared store's copy follo
 (``Apply(wait=False)``), except where an answer passes through this stream carrying an id that
 binds its next request (a tool call, a response id, provider state): that chunk goes on only
 once the shared store has the id's owner (``Apply(wait=True)``, bounded by the store's
-timeout), so no replica can be asked for the continuation before it can know the issuer. A
-request that could still race such a write — the newest id it continues has no known issuer,
-and a write that may name one is on its way (an observe stream's claim, which Envoy does not
-wait for) — is held (``settle``) until the issuer appears or the bound passes: only it waits,
-and only then.
+timeout), so no replica can be asked for the continuation before it can know the issuer; and
+a streamed answer that may carry such ids is committed there before its first byte passes. A
+request that could still race a claim — the newest id it continues has no known issuer, and a
+write that may name one is on its way (an observe stream's, which Envoy does not wait for) —
+is held (``settle``) until the issuer appears or the bound passes: only it waits, and only
+then; past the bound it goes by the session's record, which names that answer's model and
+worker.
 Holds are woken by what they wait for: admission resuming the session, the locked model's
 cool-down ending, a large-body slot freed, a claim landing; never polled.
 """
@@ -831,7 +833,10 @@ class Exchange:
         if event.streamed:
             if duplex:  # this stream sees the chunks itself, as the observe filter would
                 self._answer = _Answer(turn, ResponseObserver(routed.api, streaming=True))
-            return [Apply(tuple(commits)), reply]  # else the observe stream reads the body
+            # Else the observe stream reads the body, and Envoy does not wait for its claims:
+            # the commit, in the store before the client has a byte, names this turn's model
+            # and worker, which a continuation whose ids are not claimed yet is locked to.
+            return [Apply(tuple(commits), wait=routed.reads_answer), reply]
         if event.end:
             done = router.finished(turn, ResponseSummary())
             return [Apply((*commits, *done)), reply]

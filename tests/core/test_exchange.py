@@ -181,11 +181,13 @@ BUFFERED = {
             (ResponseBody(CHAT_TEXT), ["apply finish,claim", "continue response_body"]),
             (Closed(), []),
         ]),
-    "chat, streamed: committed at the status, the observe stream reads the rest": (
+    "chat, streamed: committed in the store before the client has a byte, the observe stream "
+    "reads the rest": (
         CHAT, chat(stream=True), [
             (RequestHeaders(CHAT), ["continue request_headers"]),
             (RequestBody(chat(stream=True)), ROUTED),
-            (ResponseHeaders(200, streamed=True), ["apply commit", "continue response_headers"]),
+            (ResponseHeaders(200, streamed=True), ["apply commit awaited",
+                                                   "continue response_headers"]),
             (Closed(), []),
         ]),
     "responses: a response id is always owned": (RESPONSES, responses(), [
@@ -511,7 +513,8 @@ def test_full_duplex_claims_each_streamed_id_in_the_store_before_its_chunk_passe
     loop.play([
         (RequestHeaders(CHAT, duplex=True, duplex_response=True), []),
         (RequestBody(chat(stream=True)), ["parse", "load", "route duplex qwen3-32b"]),
-        (ResponseHeaders(200, streamed=True), ["apply commit", "continue response_headers"]),
+        (ResponseHeaders(200, streamed=True), ["apply commit awaited",
+                                               "continue response_headers"]),
         (ResponseBody(SSE_CALL[:40], end=False), ["chunk response_body"]),
         (ResponseBody(SSE_CALL[40:], end=False), ["apply claim,finish awaited",
                                                   "chunk response_body"]),

@@ -15,7 +15,17 @@ from extproc.state.layer import StateLayer
 from extproc.state.memory import MemoryStore
 from extproc.state.records import owner_key
 from extproc.state.store import Query
-from tests.adapter.support import BODY, STREAMED, Replica, response_headers
+from tests.adapter.support import (
+    BODY,
+    CHAT,
+    STREAMED,
+    TOOLS,
+    Replica,
+    body_msg,
+    headers_msg,
+    response_headers,
+    two_workers,
+)
 from tests.adapter.test_duplex import answer_chunk, routed, streamed
 from tests.adapter.test_stream import sse
 from tests.state.conftest import redis_store
@@ -55,3 +65,43 @@ async def test_a_binding_id_is_in_the_shared_store_before_its_chunk_passes(
     assert owners[key].worker == replica.owner(replay_id, call).worker
     stream.close()
     await replica.state.stop()
+
+
+def continuation(call: str) -> bytes:
+    """The session's next request: the result of the tool call ``call``."""
+    return orjson.dumps({"model": "auto", "tools": TOOLS, "messages": [
+        {"role": "user", "content": "refactor it"},
+        {"role": "assistant", "tool_calls": [
+            {"id": call, "type": "function", "function": {"name": "t", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": call, "content": "ok"}]})
+
+
+async def test_a_streamed_answers_continuation_on_another_replica_goes_to_its_worker(
+        config, server, prefix):
+    """The observe stream that would claim a streamed answer's ids lags (here it never runs):
+    the other replica waits its settle bound for the claim, then goes by the session's
+    record, which the answer's commit put in the store before the client had a byte."""
+    config = two_workers(config)
+    first = shared_replica(config, server[1], prefix)
+    other = shared_replica(config, server[1], prefix)
+    for session in ("s0", "s1", "s2", "s3"):
+        headers = {**CHAT, "x-session-id": session}
+        stream = first.stream()
+        await stream.handle(headers_msg(headers))
+        reply = await stream.handle(body_msg(STREAMED))
+        replay_id = reply.dynamic_metadata.fields["saar"].struct_value.fields[
+            "replay_id"].string_value
+        await stream.handle(response_headers("200", "text/event-stream"))
+        issuer = first.replay.get(replay_id)["worker"]["picked"]
+        follow = other.stream()
+        await follow.handle(headers_msg(headers))
+        replies = await follow.handle(body_msg(continuation(f"call_{session}")))
+        assert isinstance(replies, list)  # held (settle) first, then routed
+        reply = replies[-1]
+        record = other.replay.get(reply.dynamic_metadata.fields["saar"].struct_value.fields[
+            "replay_id"].string_value)
+        assert (record["lock"], record["worker"]["picked"]) == ("tool_loop", issuer)
+        stream.close()
+        follow.close()
+    await first.state.stop()
+    await other.state.stop()
