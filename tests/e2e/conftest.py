@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from extproc.dev.harness import Stack, run_stack
+from extproc.dev.harness import Stack, envoy_binary, run_stack
 from tests.conftest import session_config_data
 
 IDLE_TIMEOUT = 2
@@ -73,3 +75,35 @@ def violations(stack: Stack) -> int:
         sum(get_json(f"{url}/admin/state")["violations"].values())
         for urls in stack.sims.values() for url in urls
     )
+
+
+def assert_fails_closed(bootstrap: Any, listen: int, admin: int) -> None:
+    """Envoy started on ``bootstrap`` cannot reach the processor: a request gets the proxy's
+    503 ``router_unavailable`` (the routing filter fails closed), never an unrouted answer."""
+    envoy = subprocess.Popen([envoy_binary(), "-c", str(bootstrap), "--log-level", "error",
+                              "--use-dynamic-base-id"], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        _wait_ready(admin)
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{listen}/v1/chat/completions",
+            data=b'{"model":"auto","messages":[{"role":"user","content":"hi"}]}',
+            headers={"content-type": "application/json", "authorization": "Bearer k"})
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(request, timeout=10)
+        assert caught.value.code == 503
+        assert b"router_unavailable" in caught.value.read()
+    finally:
+        envoy.terminate()
+        envoy.wait(timeout=10)
+
+
+def _wait_ready(admin: int, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{admin}/ready", timeout=1):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError("envoy did not become ready")

@@ -7,8 +7,6 @@ closed, as the routing filter must)."""
 from __future__ import annotations
 
 import copy
-import subprocess
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -21,9 +19,9 @@ from openai import OpenAI
 
 from extproc.adapter.bootstrap import EnvoyPorts, ProcessorTls, bootstrap, fragment
 from extproc.config import parse_config
-from extproc.dev.harness import Stack, envoy_binary, free_port, run_stack
+from extproc.dev.harness import Stack, free_port, run_stack
 from extproc.service.tls import issue
-from tests.e2e.conftest import e2e_config
+from tests.e2e.conftest import assert_fails_closed, e2e_config
 
 pytestmark = pytest.mark.e2e
 HARD = "Please refactor the storage layer."
@@ -170,30 +168,4 @@ def test_a_processor_certificate_the_ca_did_not_sign_fails_closed(
                        processor_tls=ProcessorTls(str(tls_files["wrong"]), NAME))
     path = tmp_path / "wrong-ca.yaml"
     path.write_text(yaml.safe_dump(bootstrap(parse_config(config), ports)))
-    envoy = subprocess.Popen([envoy_binary(), "-c", str(path), "--log-level", "error",
-                              "--use-dynamic-base-id"], stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
-    try:
-        _wait_ready(admin)
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{listen}/v1/chat/completions",
-            data=b'{"model":"auto","messages":[{"role":"user","content":"hi"}]}',
-            headers={"content-type": "application/json", "authorization": "Bearer k"})
-        with pytest.raises(urllib.error.HTTPError) as caught:
-            urllib.request.urlopen(request, timeout=10)
-        assert caught.value.code == 503
-        assert b"router_unavailable" in caught.value.read()
-    finally:
-        envoy.terminate()
-        envoy.wait(timeout=10)
-
-
-def _wait_ready(admin: int, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{admin}/ready", timeout=1):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError("envoy did not become ready")
+    assert_fails_closed(path, listen, admin)

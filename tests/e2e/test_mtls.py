@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import subprocess
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -22,9 +20,9 @@ from openai import OpenAI
 
 from extproc.adapter.bootstrap import ProcessorTls
 from extproc.cli import main
-from extproc.dev.harness import Stack, envoy_binary, free_port, run_stack
+from extproc.dev.harness import Stack, free_port, run_stack
 from tests.certs import Authority
-from tests.e2e.conftest import e2e_config
+from tests.e2e.conftest import assert_fails_closed, e2e_config
 
 pytestmark = pytest.mark.e2e
 NAME = "saar-router.test"
@@ -98,30 +96,4 @@ def test_envoy_without_a_certificate_the_ca_signed_fails_closed(
     with contextlib.redirect_stdout(out):
         assert main(argv) == 0
     envoy_yaml.write_text(out.getvalue())
-    envoy = subprocess.Popen([envoy_binary(), "-c", str(envoy_yaml), "--log-level", "error",
-                              "--use-dynamic-base-id"], stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
-    try:
-        _wait_ready(admin)
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{listen}/v1/chat/completions",
-            data=b'{"model":"auto","messages":[{"role":"user","content":"hi"}]}',
-            headers={"content-type": "application/json", "authorization": "Bearer k"})
-        with pytest.raises(urllib.error.HTTPError) as caught:
-            urllib.request.urlopen(request, timeout=10)
-        assert caught.value.code == 503
-        assert b"router_unavailable" in caught.value.read()
-    finally:
-        envoy.terminate()
-        envoy.wait(timeout=10)
-
-
-def _wait_ready(admin: int, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{admin}/ready", timeout=1):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError("envoy did not become ready")
+    assert_fails_closed(envoy_yaml, listen, admin)
