@@ -100,8 +100,8 @@ def test_values_schema_rejects(values: dict[str, Any], message: str) -> None:
     ({"httpRoute": {"defaultModel": "gpt-9"}}, "is not the name of a model"),
     ({"terminationGracePeriodSeconds": 30}, "terminationGracePeriodSeconds=30: the drain needs "
      "more (preStopSleepSeconds 5 + server.drain.noticeSeconds 2 + "
-     "server.drain.timeoutSeconds 45 + 1 s to stop = 53 s)"),
-    ({"server": {"drain": {"noticeSeconds": 1.5, "timeoutSeconds": 52.5}}}, "= 60 s"),
+     "server.drain.timeoutSeconds 75 + 1 s to stop = 83 s)"),
+    ({"server": {"drain": {"noticeSeconds": 1.5, "timeoutSeconds": 82.5}}}, "= 90 s"),
 ])
 def test_template_checks_refuse(values: dict[str, Any], message: str) -> None:
     with pytest.raises(helm_python.HelmRenderError) as caught:
