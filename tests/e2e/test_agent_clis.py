@@ -351,14 +351,21 @@ def test_first_requests_go_where_their_prefix_is_unless_predicted_faster_elsewhe
 
 
 def _second_sessions(runs: Runs) -> dict[str, float]:
-    """Per CLI: the share of its ``debug`` run's first request (a second session, after
-    ``plain``, in the same project) that its worker had cached."""
+    """Per CLI: the share of a session's first request its worker had cached, for the first
+    session in the CLI's runs whose first request went to a model an earlier session's first
+    request went to (another model's workers share nothing with it)."""
     shares = {}
     for cli in ("claude-code", "codex", "opencode", "qwen-code"):
-        records = [r for r in runs.by_cli[cli]["debug"].records
-                   if not r["session"]["parent"] and r["request"]["tools_offered"]]
-        if records:
-            shares[cli] = round(_cached_fraction(records[0]), 3)
+        seen: set[str] = set()
+        for traffic in runs.by_cli[cli].values():
+            firsts = [r for r in traffic.records if not r["session"]["parent"]
+                      and r["phase"] == "new" and r["request"]["tools_offered"]]
+            if not firsts:
+                continue
+            if firsts[0]["model"] in seen:
+                shares[cli] = round(_cached_fraction(firsts[0]), 3)
+                break
+            seen.add(firsts[0]["model"])
     return shares
 
 
