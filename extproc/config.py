@@ -436,9 +436,10 @@ class State:
     """Write batches kept for the store while it is down (the oldest are dropped beyond)."""
     settle_ms: Annotated[Number, Field(ge=0, le=5_000)] = 100.0
     """How long a request waits, at most, for the issuer of the newest id it continues when no
-    store knows it yet (the write of the answer that issued it may still be on its way from
-    another replica, or from a streamed answer's observer): writes are never awaited on the
-    answer path, so this is where a race would show. 0: never wait."""
+    store knows it yet: the claim of a streamed answer's ids by its observe stream, which Envoy
+    does not wait for, may still be on its way (an answer that passes through the processor
+    goes on only once its ids are in the store). Past it, the request goes by its session's
+    record, which that answer's commit wrote before its first byte. 0: never wait."""
 
 
 @dataclass(frozen=True, config=_SCHEMA)
