@@ -173,16 +173,23 @@ class SaarEngine:
             return decision
         if state is None:
             model = self._first_available(base, base.model)
+            reason = "new_session" if identity.key else "no_session"
+            terms: tuple[CandidateTerms, ...] = ()
+            if identity.parent_session_id is not None:
+                terms = self._inherited_terms(request, base, knobs, model, cached_tokens)
+                moved = next((t for t in terms if t.model == model), None)
+                if moved is not None and moved.held:
+                    model, reason = terms[0].model, "sub_agent_prefix_held"
             return RoutingDecision(
-                model, base.decision, Action.NEW, Phase.NEW,
-                "new_session" if identity.key else "no_session", base.confidence, base,
+                model, base.decision, Action.NEW, Phase.NEW, reason, base.confidence, base,
+                candidates=terms,
             )
         reset = self._reset(state, base, knobs)
         if reset is not None:
             model = self._first_available(base, base.model)
             phase = Phase.IDLE_RESET if reset == "idle" else Phase.DRIFT_RESET
             reason = f"{reset}_reset"
-            terms: tuple[CandidateTerms, ...] = ()
+            terms = ()
             if model != state.model:
                 terms = self._reset_terms(request, state, base, knobs, model, reset, cached_tokens)
                 moved = next((t for t in terms if t.model == model), None)
@@ -384,6 +391,34 @@ class SaarEngine:
         remaining = remaining_turns(knobs, state.turns)
         top = top_price({n: models[n] for n in scores})
         return stay, _step_down(terms, cur, cand, ctx, ratio, remaining, top, knobs, 0.0)
+
+    def _inherited_terms(
+        self,
+        request: RequestSummary,
+        base: BaseChoice,
+        knobs: SessionAware,
+        model: str,
+        cached_tokens: CachedTokens,
+    ) -> tuple[CandidateTerms, ...]:
+        """A sub-agent's first request, priced as a move from the model whose workers hold
+        most of its prompt (its parent's system prompt and tools, usually) to ``model``, its
+        base choice: a step-down there pays for the cache it throws away, as a drift's does
+        (``drift_reset_warm_tokens`` or more cached; else the base choice is taken). The warm
+        model's own terms come first; none when no other model is warmer."""
+        ctx = request.context_tokens
+        warm = {name: min(cached_tokens(name) or 0, ctx) for name in base.scores
+                if name != model and self._health.available(name)
+                and self._config.models[name].context_window >= ctx}
+        if not warm:
+            return ()
+        warmest = max(warm, key=lambda name: warm[name])
+        if warm[warmest] < knobs.drift_reset_warm_tokens or warm[warmest] <= (
+                cached_tokens(model) or 0):
+            return ()
+        holder = SessionRecord(warmest, base.decision, Phase.NEW, self._clock(),
+                               context_tokens=ctx)
+        terms = self._price(request, holder, base, knobs, cached_tokens, new_task=True)
+        return tuple(sorted(terms, key=lambda t: t.model != warmest))
 
     def _scores(self, state: SessionRecord, base: BaseChoice) -> dict[str, float]:
         """The base scores of the decision's candidates and of the session's current model."""

@@ -41,10 +41,12 @@ class Driver:
         self.clock = clock
 
     def send(self, body: bytes, session: str | None = "s1", status: int = 200,
-             api: Api = Api.CHAT, **response):
+             api: Api = Api.CHAT, parent: str | None = None, **response):
         headers = {"authorization": "Bearer k"}
         if session:
             headers["x-session-id"] = session
+        if parent:
+            headers["x-parent-session-id"] = parent
         routed = self.local.route(api, headers, body)
         self.local.respond(routed, ResponseSummary(status=status, model=routed.model, **response))
         self.clock.advance(5)
@@ -590,3 +592,40 @@ def test_confidence_is_half_plus_the_leading_margin(driver, case, then, expected
     assert rec["confidence"] == pytest.approx(expected(rec), abs=1e-3)
     assert routed.diagnostics.confidence == f"{rec['confidence']:.3f}"
     assert 0.5 < rec["confidence"] < 1.0 or expected(rec) == 1.0
+
+
+def pooled(config: Config) -> Config:
+    """Two workers a model: the router measures what each model's workers hold."""
+    return replace(config, models={
+        name: replace(model, endpoints=(f"10.0.{i}.1:80", f"10.0.{i}.2:80"))
+        for i, (name, model) in enumerate(config.models.items())})
+
+
+# A parent on the strong model with a 100k-token system prompt; then a first request that
+# resends it, whose own text matches the cheap model.
+@pytest.mark.parametrize(
+    ("knobs", "parent", "shared", "expected", "reason"),
+    [
+        ({"return_rate": 1.0}, "s1", True, STRONG, "sub_agent_prefix_held"),
+        ({"remaining_turn_prior": 1.0}, "s1", True, STRONG, "sub_agent_prefix_held"),
+        ({}, "s1", True, STRONG, "sub_agent_prefix_held"),
+        ({"remaining_turn_prior": 40.0, "return_rate": 0.0}, "s1", True, CHEAP,
+         "new_session"),  # its many turns save more than the cache it leaves
+        ({"return_rate": 1.0, "step_down_pricing": False}, "s1", True, CHEAP, "new_session"),
+        ({"return_rate": 1.0}, None, True, CHEAP, "new_session"),  # no parent: its own task
+        ({"return_rate": 1.0}, "s1", False, CHEAP, "new_session"),  # nothing of it cached
+    ],
+)
+def test_a_sub_agents_model_choice_pays_for_the_prefix_it_leaves(
+        session_config, clock, knobs, parent, shared, expected, reason):
+    driver = Driver(pooled(tuned(session_config, **knobs)), clock)
+    driver.send(chat(HARD, context_chars=400_000))
+    own = chat("continue", context_chars=400_000 if shared else 0)
+    routed = driver.send(own, session="sub", parent=parent)
+    rec = driver.record(routed)
+    assert (rec["base"]["model"], rec["action"]) == (CHEAP, "new")
+    assert (routed.model, rec["reason"]) == (expected, reason), rec["candidates"]
+    if reason == "sub_agent_prefix_held":
+        strong, cheap = rec["candidates"]
+        assert (strong["model"], cheap["model"], cheap["held"]) == (STRONG, CHEAP, True)
+        assert cheap["transition_usd"] > 0  # the strong model's cached prefix, thrown away
