@@ -462,6 +462,25 @@ class FlowController:
             self._charge(arrival.tenant, arrival.program, arrival.tokens)
         return woken
 
+    def release(self, pool: str) -> list[str]:
+        """Tickets of ``pool`` to wake now, every one, room or not: this process is draining.
+        Its queue would only wait for room the other replicas, which keep taking the traffic,
+        fill first (they learn of room as their own streams end, this one only by scraping):
+        its requests would starve to their TTL. Each goes to its home (a hard lock's or its
+        session's), else where the router places it, and waits in the engine's own queue."""
+        state = self._pools.get(pool)
+        if state is None:
+            return []
+        woken = []
+        for queued in state.queue.values():
+            if queued.dispatched or queued.shed is not None:
+                continue
+            queued.dispatched = True
+            queued.at = queued.arrival.home
+            state.dispatched[queued.at] += 1
+            woken.append(queued.ticket)
+        return woken
+
     def claim(self, ticket: str, *, late: bool) -> str:
         """The holder of ``ticket`` woke (dispatched, its periodic look, or ``late``: its time
         ran out): ``go`` (its place is taken now), ``wait`` (not dispatched yet, time left),

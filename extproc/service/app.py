@@ -85,12 +85,14 @@ class RunningService:
         """The drain of a rolling update, which loses no request (``config.Drain``): not
         ready at once; new streams still taken for ``notice`` seconds, while Envoy's health
         check (or a gateway's endpoints) moves them to the other replicas; then new streams
-        refused and those in flight — routing, picking, observing: a long prefill, a streamed
-        answer, a held request — awaited, at most ``timeout`` seconds, the rest cut. The gRPC
+        refused, what flow control holds let go to the engines' queues, and the streams in
+        flight — routing, picking, observing: a long prefill, a streamed answer, a held
+        request — awaited, at most ``timeout`` seconds, the rest cut. The gRPC
         port is closed when this returns; the HTTP port still answers (``/readyz``: 503)."""
         await self.readiness.drain()
         log.info("draining: not ready; new streams taken for %.1f s more", notice)
         await asyncio.sleep(notice)
+        self.background.release_queues()  # they would starve behind the other replicas
         open_now = self.processor.streams if self.processor is not None else 0
         log.info("draining: new streams refused; waiting up to %.1f s for the %d in flight",
                  timeout, open_now)

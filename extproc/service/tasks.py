@@ -169,6 +169,15 @@ class Background:
             for klass in flow.config.classes:
                 gauge.labels(model, klass).set(depth.get((model, klass), 0))
 
+    def release_queues(self) -> None:
+        """The process drains: every request flow control holds goes now (``release``)."""
+        pools = self._pools
+        if not pools.flow.enabled:
+            return
+        for model in self._config.models:
+            for ticket in pools.flow.release(model):
+                self._waker.wake("queue", ticket)
+
     async def _scrape_one(self, address: str, url: str) -> None:
         pools, metrics = self._pools, self._metrics
         try:

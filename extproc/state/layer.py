@@ -1,8 +1,10 @@
 """Router state as the service uses it: the local store always, the shared store when there is
 one, and what happens when the shared store is slow or gone.
 
-* A call on the request path never waits longer than ``timeout`` on the shared store. A *slow*
-  call (a timeout) is served from local state, but the store stays in use: other replicas read
+* A load on the request path never waits longer than ``timeout`` on the shared store; a write
+  an answer waits for (``apply``: the owners of the ids it carries, which another replica may
+  be asked for next) waits ``OFF_PATH`` times longer. A *slow* call (a timeout) is served
+  from local state, but the store stays in use: other replicas read
   what this one writes, so one slow answer must not stop its lock-critical writes (a write that
   timed out was already sent and lands in order; it is also kept to be sent again). The store
   is marked *down* — every request served from local state at once, a background task
@@ -49,6 +51,8 @@ TRIP_TIMEOUTS = 3
 """Slow calls in a row that mark the store down (one connection failure does at once)."""
 OFF_PATH = 20
 """Writes off the request path (the writer, the backlog) wait this many times ``timeout``."""
+STOP_SECONDS = 2.0
+"""At a stop, the longest wait for the queued sends, then for the backlog."""
 MAX_SEND_BATCH = 64
 """Sends the writer joins into one call at most (a call's script stays short)."""
 
@@ -140,10 +144,12 @@ class StateLayer:
         self._recovery = asyncio.create_task(self._recover(), name="state-backlog")
 
     async def stop(self) -> None:
-        """Drain what is queued (bounded by the timeout per batch), then stop."""
+        """Drain what is queued, then what waits in the backlog (a write that timed out), each
+        bounded, then stop: a replica that stops takes no lock with it while the store
+        answers."""
         if self._queue is not None:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._queue.join(), timeout=2.0)
+                await asyncio.wait_for(self._queue.join(), timeout=STOP_SECONDS)
         for task in (self._writer_task, self._recovery):
             if task is not None:
                 task.cancel()
@@ -151,6 +157,12 @@ class StateLayer:
                     await task
         self._writer_task = self._recovery = None
         if self.shared is not None:
+            if self._backlog and self._up:
+                try:
+                    await asyncio.wait_for(self._send_backlog(), timeout=STOP_SECONDS)
+                except Exception as exc:
+                    log.warning("stopping with %d write batches the store did not take (%s)",
+                                len(self._backlog), type(exc).__name__)
             await self.shared.close()
 
     def prefetch(self, query: Query) -> asyncio.Task[Facts] | None:
@@ -171,7 +183,9 @@ class StateLayer:
         return self._merge(query, shared, local)
 
     async def apply(self, writes: Sequence[Write]) -> Applied:
-        """Write now: the request waits for this (at most ``timeout``)."""
+        """Write now: an answer waits for this (the owners of the ids it carries), at most
+        ``OFF_PATH`` times ``timeout``: a lock outweighs the answer's milliseconds, and a
+        store that slow three times in a row is marked down."""
         if not writes:
             return Applied()
         now = self._clock()
@@ -181,7 +195,8 @@ class StateLayer:
         if not self._up:
             self._defer(writes, lost=True)
             return applied
-        shared = await self._call("apply", self.shared.apply(writes, now), self._timeout)
+        shared = await self._call("apply", self.shared.apply(writes, now),
+                                  self._timeout * OFF_PATH)
         if shared is None:
             self._defer(writes, lost=not self._up)
             return applied
@@ -281,14 +296,7 @@ class StateLayer:
                 if not self._up:
                     await asyncio.wait_for(self.shared.ping(), self._timeout * 4)
                     await self._reseed()
-                while self._backlog:
-                    batch, _ = self._backlog[0]
-                    await asyncio.wait_for(
-                        self.shared.apply(batch, self._clock()), self._timeout * OFF_PATH
-                    )
-                    self._backlog.popleft()
-                    self._undirty(batch)
-                    self._metrics.store_backlog.set(len(self._backlog))
+                await self._send_backlog()
             except Exception as exc:
                 self._metrics.store_errors.labels("recover", type(exc).__name__).inc()
                 await asyncio.sleep(delay)
@@ -300,6 +308,17 @@ class StateLayer:
                 self._up, self._slow = True, 0
                 self._metrics.store_up.set(1)
                 log.info("shared store back; backlog written")
+
+    async def _send_backlog(self) -> None:
+        """The backlog to the store, oldest first, each batch removed once it landed."""
+        assert self.shared is not None
+        while self._backlog:
+            batch, _ = self._backlog[0]
+            await asyncio.wait_for(self.shared.apply(batch, self._clock()),
+                                   self._timeout * OFF_PATH)
+            self._backlog.popleft()
+            self._undirty(batch)
+            self._metrics.store_backlog.set(len(self._backlog))
 
     async def _reseed(self) -> None:
         """Seed the store that came back: with the records of the sessions written while it

@@ -333,6 +333,24 @@ def test_cancel_frees_a_dispatched_place() -> None:
     assert flow.dispatch("m", pool) == [second]
 
 
+def test_a_draining_process_lets_its_whole_queue_go_to_the_engines() -> None:
+    """No room anywhere, yet every queued request is woken (to its home, if it has one) and
+    goes when it claims its ticket; one already dispatched is not woken twice."""
+    flow, _ = controller(queue_depth_threshold=1)
+    pool = workers(3, 3)
+    first, homed, other = queue_all(flow, pool, arrival(), arrival(home="w1:8000"),
+                                    arrival(tenant="u"))
+    assert flow.dispatch("m", pool) == []  # saturated
+    pool[0].waiting = 0
+    (went,) = flow.dispatch("m", pool)
+    pool[0].waiting = 3
+    released = flow.release("m")
+    assert sorted(released) == sorted({first, homed, other} - {went})
+    assert flow.release("m") == [] and flow.release("other-pool") == []
+    assert [flow.claim(t, late=False) for t in (first, homed, other)] == ["go"] * 3
+    assert flow.queued() == {}
+
+
 def test_queued_reports_depth_by_class() -> None:
     flow, _ = controller()
     queue_all(flow, workers(5), arrival(), arrival(klass="batch"), arrival())

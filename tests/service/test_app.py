@@ -259,3 +259,31 @@ async def test_the_drain_cuts_what_is_still_open_at_its_timeout(service):
         await asyncio.wait_for(service.drain(0.0, 0.3), 5)
         assert 0.3 <= time.monotonic() - began < 3
         assert await stuck.code() == grpc.StatusCode.UNAVAILABLE
+
+
+async def test_the_drain_lets_what_flow_control_holds_go(config, tmp_path):
+    """A request queued behind a saturated pool when the drain begins is woken to go (to its
+    engine's own queue): left queued, it would wait for room the other replicas fill first."""
+    import asyncio
+
+    from extproc.scheduling.flow import Arrival
+    from extproc.scheduling.types import Worker
+
+    flowing = replace(config, server=replace(config.server, grpc_port=0, http_port=0),
+                      scheduling=replace(config.scheduling, flow_control=replace(
+                          config.scheduling.flow_control, enabled=True)))
+    running = await start(flowing)
+    try:
+        flow, waker = running.parts.pools.flow, running.background._waker
+        saturated = [Worker("127.0.0.1:8101", "qwen3-8b", waiting=9, kv_usage=0.9,
+                            scraped_at=1.0)]
+        entered = flow.enter(Arrival("qwen3-8b", "t", "p", "interactive", "turn", 1000),
+                             saturated)
+        assert entered.ticket is not None
+        held = asyncio.create_task(waker.wait("queue", entered.ticket, 10.0))
+        await asyncio.sleep(0.05)
+        await running.drain(0.0, 1.0)
+        assert await asyncio.wait_for(held, 1) is False  # woken, not timed out
+        assert flow.claim(entered.ticket, late=False) == "go"
+    finally:
+        await running.stop()

@@ -29,12 +29,13 @@ def claim(call: str, model: str = "m1") -> Claim:
     return Claim((owner_key("t", call),), Owner(model, "w1", "t/s"))
 
 
-def layer(url: str, prefix: str, metrics: Metrics | None = None) -> StateLayer:
+def layer(url: str, prefix: str, metrics: Metrics | None = None,
+          timeout: float = TIMEOUT) -> StateLayer:
     clock = time.time
     local = MemoryStore(clock=clock, max_sessions=1000, session_ttl=600, max_owned_ids=1000,
                         owner_ttl=600)
     return StateLayer(local, redis_store(url, prefix), clock=clock,
-                      metrics=metrics or Metrics(), timeout=TIMEOUT)
+                      metrics=metrics or Metrics(), timeout=timeout)
 
 
 @pytest.fixture(params=SERVERS)
@@ -196,10 +197,11 @@ async def test_replicas_share_one_tenant_secret(server, prefix, tmp_path):
 
 
 class Slow:
-    """A real store whose next ``calls`` writes come late (a loaded machine, a GC pause)."""
+    """A real store whose next ``calls`` writes come late (a loaded machine, a GC pause):
+    later than the layer waits for an answer's write."""
 
-    def __init__(self, store, calls: int) -> None:
-        self.store, self.calls = store, calls
+    def __init__(self, store, calls: int, late: float) -> None:
+        self.store, self.calls, self.late = store, calls, late
 
     def __getattr__(self, name):
         return getattr(self.store, name)
@@ -207,13 +209,16 @@ class Slow:
     async def apply(self, writes, now):
         if self.calls:
             self.calls -= 1
-            await asyncio.sleep(TIMEOUT * 4)
+            await asyncio.sleep(self.late)
         return await self.store.apply(writes, now)
 
 
 def slow_layer(url: str, prefix: str, calls: int) -> tuple[StateLayer, Slow]:
-    state = layer(url, prefix)
-    slow = Slow(state.shared, calls)
+    from extproc.state.layer import OFF_PATH
+
+    quick = 0.01
+    state = layer(url, prefix, timeout=quick)
+    slow = Slow(state.shared, calls, late=quick * OFF_PATH * 1.5)
     state.shared = slow
     return state, slow
 
@@ -235,6 +240,19 @@ async def test_one_slow_answer_does_not_stop_the_writes_other_replicas_read(serv
     assert (record.turns, record.last_replay_id, set(record.recent)) == (2, "rp-2",
                                                                          {"rp-1", "rp-2"})
     await mine.stop()
+    await other.stop()
+
+
+async def test_a_stopping_replica_writes_its_backlog_first(server, prefix):
+    """A write that came back too late waits in the backlog; a replica stopped before its
+    recovery sent it (here it never started) sends it on the way out: the lock stays."""
+    (state, _), other = slow_layer(server[1], prefix, calls=1), layer(server[1], prefix)
+    await state.apply([Commit(turn(1)), claim("call_1")])
+    assert state._backlog and state.up
+    await state.stop()
+    facts = await other.load(Query("t/s", (owner_key("t", "call_1"),)))
+    assert facts.owners[owner_key("t", "call_1")].model == "m1"
+    assert facts.session.last_replay_id == "rp-1"
     await other.stop()
 
 
