@@ -431,7 +431,9 @@ class State:
     key_prefix: Annotated[StrictStr, Field(pattern=_KEY_PREFIX)] = "saar"
     """The namespace of every key in the store (deployments sharing a store need their own)."""
     timeout_ms: Annotated[Number, Field(gt=0, le=10_000)] = 50.0
-    """The request path never waits longer than this on the shared store."""
+    """The longest a request's load waits on the shared store; an answer's write of the ids it
+    carries waits 20 times longer (their owners must be there before another replica is
+    asked for the continuation)."""
     max_backlog: AtLeastOne = 100_000
     """Write batches kept for the store while it is down (the oldest are dropped beyond)."""
     settle_ms: Annotated[Number, Field(ge=0, le=5_000)] = 100.0
