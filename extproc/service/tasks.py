@@ -51,7 +51,7 @@ class Background:
         self._subscribers: dict[str, ZmqFeed] = {}
         self._session: aiohttp.ClientSession | None = None
         """For the KV hints (``_deliver_hints``)."""
-        self._pages = PageReader(timeout=1.0)
+        self._pages = PageReader(timeout=max(0.5, config.scheduling.staleness_seconds))
         """For the workers' ``/metrics`` pages."""
         self._mtime: float | None = None
         self._hints = metrics.kv_hints
@@ -68,7 +68,6 @@ class Background:
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=max(0.5, scheduling.staleness_seconds))
         )
-        self._pages = PageReader(timeout=max(0.5, scheduling.staleness_seconds))
         routed = asyncio.Event()
         self._pools.registry.on_started(routed.set)
         self._tasks.append(asyncio.create_task(self._paced_scrapes(routed),
